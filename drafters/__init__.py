@@ -1,0 +1,1 @@
+"""Drafters: one file per strategy, each implements `specdraft.protocol.Drafter`."""

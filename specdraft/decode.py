@@ -1,0 +1,180 @@
+"""SpeculativeDecoder: the decoding loop shared by every drafter and by the AR baseline.
+
+One round:
+    1. the drafter proposes K tokens continuing the committed sequence,
+    2. the target scores [newest token] + draft (K+1 positions) in ONE forward with its KV cache,
+    3. the verifier keeps `num_accepted` draft tokens and emits one more (recovered or bonus),
+    4. the target's cache is cropped to the accepted prefix and the drafter commits.
+The newest committed token is never in the target's cache at the start of a round: it is the first
+input of the next forward. The autoregressive baseline is this same loop with K = 0 (`drafter=None`),
+so speedups compare like with like.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from specdraft.protocol import Draft, DraftContext, Drafter
+from specdraft.sampling import SamplingConfig, warp
+from specdraft.stats import GenerationStats
+from specdraft.target import TargetModel
+from specdraft.verify import VerifyResult, greedy_verify, rejection_sample
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """New tokens (prompt excluded) and what the generation measured."""
+
+    token_ids: Tensor  # [B, N] int64 on CPU
+    stats: GenerationStats
+
+
+class SpeculativeDecoder:
+    """Generate from `target`, drafting with `drafter` (None = plain autoregressive decoding).
+
+    num_draft_tokens: K, the draft tokens asked for per round (>= 0).
+    sampling: temperature / top-k / top-p / seed, applied identically to target and drafter.
+    """
+
+    def __init__(
+        self,
+        target: TargetModel,
+        drafter: Drafter | None = None,
+        num_draft_tokens: int = 4,
+        sampling: SamplingConfig | None = None,
+    ) -> None:
+        if not isinstance(num_draft_tokens, int) or num_draft_tokens < 0:
+            raise ValueError(
+                f"num_draft_tokens must be an integer >= 0 (0 = plain autoregressive), "
+                f"got {num_draft_tokens!r}."
+            )
+        self.target = target
+        self.drafter = drafter
+        self.num_draft_tokens = num_draft_tokens if drafter is not None else 0
+        self.sampling = sampling or SamplingConfig()
+        if drafter is not None:
+            drafter.bind(target)
+
+    # ------------------------------------------------------------------------------- public
+    def generate(
+        self,
+        prompt_ids: Tensor | Sequence[int],
+        max_new_tokens: int,
+        stop_token_ids: Sequence[int] | None = None,
+    ) -> GenerationResult:
+        """Generate up to `max_new_tokens` tokens after `prompt_ids` ([T] or [1, T] token ids).
+
+        Generation ends after the first stop token (default: the target's EOS tokens; pass [] to
+        disable), which is included in the output.
+        """
+        prompt = self._check_inputs(prompt_ids, max_new_tokens)  # [1, T] on CPU
+        stop = set(self.target.eos_token_ids if stop_token_ids is None else stop_token_ids)
+        needs_hidden = bool(self.drafter is not None and self.drafter.needs_target_hidden)
+        device = self.target.device
+        gen = self.sampling.make_generator("cpu")
+        stats = GenerationStats(prompt_tokens=prompt.shape[1])
+        t_start = time.perf_counter()
+
+        # Committed tokens live in one preallocated buffer; contexts are views of it.
+        n = prompt.shape[1]
+        buf = torch.empty((1, n + max_new_tokens), dtype=torch.long, device=device)  # [1, T+N]
+        buf[:, :n] = prompt.to(device)
+        self.target.reset()
+        if self.drafter is not None:
+            self.drafter.reset()
+        hidden = None
+        if n > 1:  # prefill everything but the newest token, which opens the first round
+            out = self.target.forward(buf[:, : n - 1], num_logits=0)
+            hidden = out.hidden[:, -1] if needs_hidden else None  # [1, H]
+        stats.prefill_s = time.perf_counter() - t_start
+
+        generated, done = 0, max_new_tokens == 0
+        while not done:
+            ctx = DraftContext(buf[:, :n], hidden, self.sampling, gen)
+            k_max = min(self.num_draft_tokens, max_new_tokens - generated - 1)
+
+            t0 = time.perf_counter()
+            draft = self._propose(ctx, k_max, device)
+            t1 = time.perf_counter()
+            k = draft.num_tokens
+            inputs = torch.cat([buf[:, n - 1 : n], draft.token_ids], dim=1)  # [1, K+1]
+            out = self.target.forward(inputs)  # logits [1, K+1, V]
+            t2 = time.perf_counter()
+            stats.draft_s += t1 - t0
+            stats.record_verify(k, t2 - t1)
+
+            result = self._verify(draft, out.logits, gen)
+            # One host sync per round: accepted count, draft and next token together.
+            host = torch.cat([result.num_accepted, draft.token_ids[0], result.next_token]).tolist()
+            num_accepted = host[0]
+            emitted = host[1 : 1 + num_accepted] + [host[-1]]
+            for i, tok in enumerate(emitted):
+                if tok in stop:
+                    emitted, done = emitted[: i + 1], True
+                    break
+            buf[0, n : n + len(emitted)] = torch.tensor(emitted, device=device)
+            self.target.crop(n + num_accepted)  # cache: committed prefix + accepted draft
+            n += len(emitted)
+            generated += len(emitted)
+            done = done or generated >= max_new_tokens
+            stats.record_round(k, num_accepted, len(emitted))
+            if needs_hidden:
+                hidden = out.hidden[:, num_accepted]  # [1, H] produced the new newest token
+
+            if self.drafter is not None and not done:
+                t3 = time.perf_counter()
+                self.drafter.commit(DraftContext(buf[:, :n], hidden, self.sampling, gen), num_accepted)
+                stats.draft_s += time.perf_counter() - t3
+
+        new_tokens = buf[:, prompt.shape[1] : n].cpu()  # [1, N]
+        stats.total_s = time.perf_counter() - t_start
+        return GenerationResult(token_ids=new_tokens, stats=stats)
+
+    # ------------------------------------------------------------------------------- steps
+    def _propose(self, ctx: DraftContext, k_max: int, device: torch.device) -> Draft:
+        if self.drafter is None or k_max <= 0:
+            return Draft(token_ids=torch.empty((1, 0), dtype=torch.long, device=device))
+        draft = self.drafter.propose(ctx, k_max)
+        if draft.num_tokens > k_max:
+            raise ValueError(
+                f"{type(self.drafter).__name__}.propose returned {draft.num_tokens} tokens but "
+                f"{k_max} were asked for; a drafter must return at most num_tokens tokens."
+            )
+        return Draft(token_ids=draft.token_ids.to(device), probs=draft.probs)
+
+    def _verify(self, draft: Draft, logits: Tensor, gen: torch.Generator) -> VerifyResult:
+        if self.sampling.greedy:
+            return greedy_verify(draft.token_ids, logits)
+        target_probs = warp(logits, self.sampling)  # [1, K+1, V]
+        return rejection_sample(draft.token_ids, draft.probs, target_probs, gen)
+
+    def _check_inputs(self, prompt_ids: Tensor | Sequence[int], max_new_tokens: int) -> Tensor:
+        prompt = torch.as_tensor(prompt_ids, dtype=torch.long).cpu()
+        if prompt.dim() == 1:
+            prompt = prompt[None]
+        if prompt.dim() != 2:
+            raise ValueError(f"prompt_ids must have shape [T] or [B, T], got {tuple(prompt.shape)}.")
+        if prompt.shape[0] != 1:
+            raise NotImplementedError(
+                f"batch size {prompt.shape[0]} is not supported yet; generate one prompt at a time."
+            )
+        if prompt.shape[1] == 0:
+            raise ValueError("the prompt is empty; give at least one token (e.g. the BOS token).")
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}.")
+        total = prompt.shape[1] + max_new_tokens
+        if total > self.target.max_context:
+            raise ValueError(
+                f"prompt ({prompt.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) = {total} "
+                f"exceeds the target's context length of {self.target.max_context}; shorten the "
+                "prompt or lower max_new_tokens."
+            )
+        vocab = self.target.vocab_size
+        if int(prompt.min()) < 0 or int(prompt.max()) >= vocab:
+            raise ValueError(f"prompt token ids must be in [0, {vocab}) for this target.")
+        return prompt

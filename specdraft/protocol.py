@@ -1,0 +1,81 @@
+"""The Drafter protocol: the one interface every drafting strategy implements.
+
+A drafter proposes K tokens per round (`propose`), learns how many the target kept (`commit`) and
+forgets everything on a new prompt (`reset`). It never touches the target's KV cache except through
+`TargetModel`'s public methods. Capabilities are class attributes (`needs_target_hidden`), so the
+decoding loop never branches on a drafter's type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+from specdraft.sampling import SamplingConfig
+
+if TYPE_CHECKING:
+    from specdraft.target import TargetModel
+
+
+@dataclass(frozen=True)
+class Draft:
+    """The drafter's proposal for one round.
+
+    token_ids: [B, K] int64; K may be 0 ("no proposal": the round is plain autoregressive).
+    probs: [B, K, V] q after the SAME warping as the target (`specdraft.sampling.warp`);
+        None = deterministic drafter (q is one-hot at token_ids).
+    """
+
+    token_ids: Tensor
+    probs: Tensor | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.token_ids.shape[1])
+
+
+@dataclass(frozen=True)
+class DraftContext:
+    """What a drafter may look at when it proposes or commits.
+
+    token_ids: [B, T] committed tokens: prompt + accepted output (the newest token last; it is not
+        yet in the target's KV cache).
+    target_hidden: [B, H] target's last-layer hidden state at the position that produced the newest
+        token, filled only for drafters with `needs_target_hidden = True` (None on the first round
+        of a one-token prompt).
+    sampling: the generation's sampling settings (the drafter warps q with them).
+    generator: the generation's random generator (CPU); drafters draw from it, never from the
+        global RNG.
+    """
+
+    token_ids: Tensor
+    target_hidden: Tensor | None
+    sampling: SamplingConfig
+    generator: torch.Generator
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """A way of drafting tokens. See drafters/ for implementations."""
+
+    needs_target_hidden: ClassVar[bool]
+
+    def bind(self, target: TargetModel) -> None:
+        """Called once before generation: share weights, check the vocabulary, move to device."""
+        ...
+
+    def propose(self, ctx: DraftContext, num_tokens: int) -> Draft:
+        """Propose up to `num_tokens` tokens continuing ctx.token_ids."""
+        ...
+
+    def commit(self, ctx: DraftContext, num_accepted: int) -> None:
+        """The target kept `num_accepted` draft tokens and appended one more (ctx is the new state):
+        roll own state back to the accepted prefix."""
+        ...
+
+    def reset(self) -> None:
+        """Forget all per-prompt state."""
+        ...
