@@ -1,0 +1,1 @@
+"""Hydra configs, shipped as package data so `pkg://conf` works from a non-editable install."""

@@ -13,7 +13,7 @@ so speedups compare like with like.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +39,8 @@ class SpeculativeDecoder:
 
     num_draft_tokens: K, the draft tokens asked for per round (>= 0).
     sampling: temperature / top-k / top-p / seed, applied identically to target and drafter.
+    sampler: the lossless verifier for temperature > 0 (injectable only so that audits such as
+        `specdraft-check` can prove they catch a broken one).
     """
 
     def __init__(
@@ -47,6 +49,7 @@ class SpeculativeDecoder:
         drafter: Drafter | None = None,
         num_draft_tokens: int = 4,
         sampling: SamplingConfig | None = None,
+        sampler: Callable[..., VerifyResult] = rejection_sample,
     ) -> None:
         if not isinstance(num_draft_tokens, int) or num_draft_tokens < 0:
             raise ValueError(
@@ -57,6 +60,7 @@ class SpeculativeDecoder:
         self.drafter = drafter
         self.num_draft_tokens = num_draft_tokens if drafter is not None else 0
         self.sampling = sampling or SamplingConfig()
+        self.sampler = sampler
         if drafter is not None:
             drafter.bind(target)
 
@@ -151,7 +155,7 @@ class SpeculativeDecoder:
         if self.sampling.greedy:
             return greedy_verify(draft.token_ids, logits)
         target_probs = warp(logits, self.sampling)  # [1, K+1, V]
-        return rejection_sample(draft.token_ids, draft.probs, target_probs, gen)
+        return self.sampler(draft.token_ids, draft.probs, target_probs, gen)
 
     def _check_inputs(self, prompt_ids: Tensor | Sequence[int], max_new_tokens: int) -> Tensor:
         prompt = torch.as_tensor(prompt_ids, dtype=torch.long).cpu()

@@ -165,6 +165,19 @@ def tiny_random_llama(
     return model.eval()
 
 
-def tiny_random_target(vocab_size: int = 16, seed: int = 0, **kwargs: int) -> TargetModel:
-    """`tiny_random_llama` wrapped as a target with no EOS token."""
-    return TargetModel(tiny_random_llama(vocab_size=vocab_size, seed=seed, **kwargs), eos_token_ids=[])
+def tiny_random_target(
+    vocab_size: int = 16, seed: int = 0, tokenizer: str | None = None, **kwargs: int
+) -> TargetModel:
+    """`tiny_random_llama` wrapped as a target with no EOS token.
+
+    tokenizer: optional model name whose tokenizer to attach (its vocabulary must fit vocab_size),
+    so the CLI can run end to end on a model that loads in milliseconds.
+    """
+    tok = load_tokenizer(tokenizer) if tokenizer is not None else None
+    if tok is not None and len(tok) > vocab_size:
+        raise ValueError(
+            f"tokenizer {tokenizer!r} has {len(tok)} tokens but vocab_size is {vocab_size}; "
+            f"set vocab_size >= {len(tok)}."
+        )
+    model = tiny_random_llama(vocab_size=vocab_size, seed=seed, **kwargs)
+    return TargetModel(model, tokenizer=tok, eos_token_ids=[])

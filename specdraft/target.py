@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 from transformers import DynamicCache, PreTrainedModel
+from transformers.masking_utils import create_causal_mask
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,18 @@ class TargetOutput:
 
     logits: Tensor  # [B, n, V] float32 for the last n positions (n = num_logits or all)
     hidden: Tensor  # [B, k, H] last-layer (post-norm) hidden states of every input position
+
+
+@dataclass
+class _PrefixState:
+    """Positions run through the first `num_layers` layers only (early-exit drafting), after the
+    `base` positions that every layer has cached. Their K/V are in the cache for layers <
+    num_layers; `hidden` is their output of layer num_layers, reused by the next `forward`."""
+
+    num_layers: int
+    base: int
+    token_ids: Tensor  # [B, P]
+    hidden: Tensor  # [B, P, H] pre-norm output of layer num_layers
 
 
 class TargetModel:
@@ -47,6 +60,7 @@ class TargetModel:
             list(eos_token_ids) if eos_token_ids is not None else _default_eos(model, tokenizer)
         )
         self._cache: DynamicCache | None = None
+        self._prefix: _PrefixState | None = None  # see forward_prefix (early exit)
 
     # ----------------------------------------------------------------------------- properties
     @property
@@ -73,20 +87,27 @@ class TargetModel:
 
     @property
     def cache_length(self) -> int:
-        """Number of positions currently in the KV cache."""
+        """Number of positions currently in the KV cache (of every layer: positions that only the
+        first layers have seen through `forward_prefix` are not counted)."""
+        if self._prefix is not None:
+            return self._prefix.base
         return 0 if self._cache is None else int(self._cache.get_seq_length())
 
     # ----------------------------------------------------------------------------- cache API
     def reset(self) -> None:
         """Start a new sequence: an empty KV cache."""
         self._cache = DynamicCache(config=self.config)
+        self._prefix = None
 
     def crop(self, length: int) -> None:
         """Keep the first `length` positions of the KV cache (roll back rejected draft tokens)."""
         current = self.cache_length
         if not 0 <= length <= current:
             raise ValueError(f"cannot crop a KV cache of {current} positions to {length}.")
-        if length < current:
+        if self._prefix is not None:  # layers differ in length: crop each one to `length`
+            self._prefix = None
+            self._crop_layers(length, self.num_layers)
+        elif length < current:
             assert self._cache is not None
             self._cache.crop(length - current)  # transformers 5: a negative count removes
 
@@ -100,14 +121,110 @@ class TargetModel:
         """
         if self._cache is None:
             self.reset()
-        out = self.decoder(input_ids=token_ids, cache=self._cache, use_cache=True)
-        hidden = out.last_hidden_state  # [B, k, H]
+        if self._prefix is not None:
+            hidden = self._forward_after_prefix(token_ids)  # [B, k, H]
+        else:
+            hidden = self.decoder(input_ids=token_ids, cache=self._cache, use_cache=True).last_hidden_state
+        return self._output(hidden, num_logits)
+
+    def _output(self, hidden: Tensor, num_logits: int | None) -> TargetOutput:
+        """Logits of the last `num_logits` positions of post-norm hidden [B, k, H]."""
         n = hidden.shape[1] if num_logits is None else num_logits
         if n > 0:
             logits = self.lm_head(hidden[:, hidden.shape[1] - n :]).float()  # [B, n, V]
         else:
             logits = hidden.new_zeros((hidden.shape[0], 0, self.vocab_size))
         return TargetOutput(logits=logits, hidden=hidden)
+
+    # ------------------------------------------------------------------ shared prefix (early exit)
+    @property
+    def supports_layer_split(self) -> bool:
+        """Whether the decoder exposes the Llama-style parts `forward_prefix` runs one by one."""
+        return all(hasattr(self.decoder, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb"))
+
+    @torch.inference_mode()
+    def forward_prefix(self, token_ids: Tensor, num_layers: int) -> Tensor:
+        """Run token_ids [B, k] through the first `num_layers` decoder layers only and return their
+        output of layer `num_layers` [B, k, H] (pre final norm): early-exit drafting.
+
+        The K/V of those layers go into the target's own cache (shared KV), after the positions
+        already there; the hidden states are remembered, so the next `forward` whose inputs start
+        with the same tokens runs only layers >= num_layers for them (plus every layer for the rest).
+        `crop`, `reset` and `discard_prefix` forget them.
+        """
+        if not self.supports_layer_split:
+            raise ValueError(
+                f"{type(self.decoder).__name__} does not expose embed_tokens/layers/norm/rotary_emb, "
+                "so it cannot be split for early exit; use a Llama-style target."
+            )
+        if not 1 <= num_layers <= self.num_layers:
+            raise ValueError(f"num_layers must be in [1, {self.num_layers}], got {num_layers}.")
+        if self._cache is None:
+            self.reset()
+        st = self._prefix
+        if st is not None and st.num_layers != num_layers:
+            raise ValueError(
+                f"forward_prefix was called with num_layers={num_layers} while {st.token_ids.shape[1]} "
+                f"positions are pending at num_layers={st.num_layers}; crop or forward first."
+            )
+        base = self.cache_length
+        done = 0 if st is None else st.token_ids.shape[1]
+        embeds = self.decoder.embed_tokens(token_ids)  # [B, k, H]
+        hidden = self._run_layers(embeds, 0, num_layers, first_position=base + done)  # [B, k, H]
+        if st is None:
+            self._prefix = _PrefixState(num_layers, base, token_ids, hidden)
+        else:
+            st.token_ids = torch.cat([st.token_ids, token_ids], dim=1)
+            st.hidden = torch.cat([st.hidden, hidden], dim=1)
+        return hidden
+
+    def discard_prefix(self) -> None:
+        """Forget the positions `forward_prefix` added (the next forward recomputes every layer)."""
+        if self._prefix is not None:
+            base, self._prefix = self._prefix.base, None
+            self._crop_layers(base, self.num_layers)
+
+    def _forward_after_prefix(self, token_ids: Tensor) -> Tensor:
+        """forward() while positions are pending: reuse their layers < E when the inputs start with
+        them, else recompute everything. Returns post-norm hidden [B, k, H]."""
+        st = self._prefix
+        assert st is not None
+        num_pending = st.token_ids.shape[1]
+        if num_pending > token_ids.shape[1] or not torch.equal(token_ids[:, :num_pending], st.token_ids):
+            self.discard_prefix()
+            return self.decoder(input_ids=token_ids, cache=self._cache, use_cache=True).last_hidden_state
+        self._prefix = None
+        hidden = st.hidden  # [B, P, H] layers < E already done (and cached) for the pending tokens
+        rest = token_ids[:, num_pending:]  # [B, k-P]
+        if rest.shape[1] > 0:
+            tail = self._run_layers(self.decoder.embed_tokens(rest), 0, st.num_layers, st.base + num_pending)
+            hidden = torch.cat([hidden, tail], dim=1)  # [B, k, H]
+        hidden = self._run_layers(hidden, st.num_layers, self.num_layers, first_position=st.base)
+        return self.decoder.norm(hidden)
+
+    def _run_layers(self, hidden: Tensor, start: int, end: int, first_position: int) -> Tensor:
+        """Decoder layers [start, end) on hidden [B, k, H] at positions first_position.., with the
+        cache (each layer appends its K/V). Mirrors the HF Llama forward."""
+        if start >= end:
+            return hidden
+        positions = torch.arange(hidden.shape[1], device=hidden.device)[None] + first_position  # [1, k]
+        mask = create_causal_mask(
+            config=self.config, inputs_embeds=hidden, attention_mask=None, cache=self._cache,
+            position_ids=positions, layer_idx=start,
+        )
+        rope = self.decoder.rotary_emb(hidden, position_ids=positions)
+        for layer in self.decoder.layers[start:end]:
+            hidden = layer(hidden, attention_mask=mask, position_embeddings=rope, position_ids=positions,
+                           cache=self._cache, use_cache=True)
+        return hidden
+
+    def _crop_layers(self, length: int, num_layers: int) -> None:
+        """Crop each of the first `num_layers` cache layers to `length` positions."""
+        assert self._cache is not None
+        for layer in self._cache.layers[:num_layers]:
+            extra = layer.get_seq_length() - length
+            if extra > 0:
+                layer.crop(-extra)
 
 
 def _default_eos(model: PreTrainedModel, tokenizer: object | None) -> list[int]:

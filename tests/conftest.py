@@ -1,0 +1,38 @@
+"""Fixtures: tiny random targets (milliseconds) and the real default target (session-scoped, slow).
+
+Tests that are not marked `slow` run with ONE torch thread: tiny models are dominated by thread
+synchronisation, which on a loaded 2-core machine makes them ~50x slower with 2 threads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from specdraft.models import tiny_random_target
+from specdraft.target import TargetModel
+
+
+@pytest.fixture(autouse=True)
+def _threads_for_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    before = torch.get_num_threads()
+    if request.node.get_closest_marker("slow") is None:
+        torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def tiny_target() -> TargetModel:
+    """Vocab 16, 2 layers, random weights, no EOS."""
+    return tiny_random_target(vocab_size=16, seed=1)
+
+
+@pytest.fixture(scope="session")
+def default_target() -> TargetModel:
+    """SmolLM2-135M-Instruct on CPU (loaded once per test session, ~3 s)."""
+    from specdraft.models import load_target
+
+    return load_target("smollm2-135m", device="cpu")

@@ -1,0 +1,120 @@
+"""Shared test utilities: reference decoders, exact target distributions, pooled chi-square.
+
+Other test modules (and every drafter's tests) import these so that "lossless" means the same
+thing everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+import numpy as np
+import torch
+from scipy import stats as scipy_stats
+from transformers import DynamicCache
+
+from specdraft.decode import SpeculativeDecoder
+from specdraft.protocol import Draft, DraftContext
+from specdraft.sampling import SamplingConfig, sample, warp
+from specdraft.target import TargetModel
+
+
+@torch.inference_mode()
+def plain_greedy(
+    target: TargetModel, prompt: list[int], max_new_tokens: int, stop_token_ids: Sequence[int] = ()
+) -> list[int]:
+    """Reference greedy decoding with the Hugging Face model's own forward and cache, one token
+    per step, no specdraft code. Stops after a token in stop_token_ids (included)."""
+    model = target.model
+    cache = DynamicCache(config=model.config)
+    ids = torch.tensor([prompt], device=target.device)
+    out: list[int] = []
+    while len(out) < max_new_tokens:
+        tok = int(model(ids, cache=cache, use_cache=True).logits[0, -1].argmax())
+        out.append(tok)
+        if tok in stop_token_ids:
+            break
+        ids = torch.tensor([[tok]], device=target.device)
+    return out
+
+
+@torch.inference_mode()
+def next_token_probs(target: TargetModel, prefix: list[int], sampling: SamplingConfig) -> np.ndarray:
+    """Warped p(. | prefix) [V] from a plain full forward (no cache), float64."""
+    logits = target.model(torch.tensor([prefix], device=target.device)).logits[0, -1]
+    return warp(logits, sampling).double().cpu().numpy()
+
+
+def exact_two_token_distribution(
+    target: TargetModel, prompt: list[int], sampling: SamplingConfig
+) -> np.ndarray:
+    """Exact joint distribution [V * V] of the first two generated tokens (enumerated)."""
+    p1 = next_token_probs(target, prompt, sampling)
+    joint = np.zeros((len(p1), len(p1)))
+    for t1 in np.nonzero(p1)[0]:
+        joint[t1] = p1[t1] * next_token_probs(target, prompt + [int(t1)], sampling)
+    return joint.ravel()
+
+
+def pooled_chisquare(counts: np.ndarray, probs: np.ndarray, min_expected: float = 5.0) -> float:
+    """Chi-square goodness-of-fit p-value of counts vs probs; cells with expected < min_expected
+    are pooled into one cell, and any count in a zero-probability cell gives p = 0."""
+    counts = np.asarray(counts, dtype=np.float64)
+    probs = np.asarray(probs, dtype=np.float64)
+    if counts[probs <= 0].sum() > 0:
+        return 0.0
+    n = counts.sum()
+    expected = probs * n
+    big = expected >= min_expected
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    if len(obs) < 2:
+        return 1.0
+    return float(scipy_stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue)
+
+
+def sample_two_tokens(decoder: SpeculativeDecoder, prompt: list[int], n: int, vocab: int) -> np.ndarray:
+    """Counts [V * V] of the first two tokens over n generations with seeds 0..n-1."""
+    counts = np.zeros(vocab * vocab)
+    base = decoder.sampling
+    for seed in range(n):
+        decoder.sampling = SamplingConfig(base.temperature, base.top_k, base.top_p, seed)
+        toks = decoder.generate(prompt, max_new_tokens=2, stop_token_ids=[]).token_ids[0].tolist()
+        counts[toks[0] * vocab + toks[1]] += 1
+    decoder.sampling = base
+    return counts
+
+
+class RecomputeDrafter:
+    """A deliberately simple model drafter for tests: no KV cache, recomputes the whole context
+    each step, samples from its warped q with the shared generator. Obviously correct, slow."""
+
+    needs_target_hidden: ClassVar[bool] = False
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model.eval()
+
+    def bind(self, target: TargetModel) -> None:
+        if self.model.config.vocab_size != target.vocab_size:
+            raise ValueError("vocabulary mismatch")
+
+    def reset(self) -> None:
+        pass
+
+    def commit(self, ctx: DraftContext, num_accepted: int) -> None:
+        pass
+
+    @torch.inference_mode()
+    def propose(self, ctx: DraftContext, num_tokens: int) -> Draft:
+        ids = ctx.token_ids.clone()  # [1, T]
+        tokens, probs = [], []
+        for _ in range(num_tokens):
+            q = warp(self.model(ids).logits[:, -1], ctx.sampling)  # [1, V]
+            tok = q.argmax(-1) if ctx.sampling.greedy else sample(q, ctx.generator)  # [1]
+            tokens.append(tok)
+            probs.append(q)
+            ids = torch.cat([ids, tok[:, None]], dim=1)
+        return Draft(token_ids=torch.stack(tokens, dim=1), probs=torch.stack(probs, dim=1))

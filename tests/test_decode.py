@@ -1,0 +1,146 @@
+"""The decoding loop on tiny random targets: greedy exactness, stop tokens, max_new_tokens,
+bad input. Reference = Hugging Face greedy `generate` (tests/helpers.plain_greedy)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import pytest
+import torch
+
+from drafters.ngram import NGramDrafter
+from specdraft.decode import SpeculativeDecoder
+from specdraft.models import tiny_random_llama, tiny_random_target
+from specdraft.protocol import Draft, DraftContext, Drafter
+from specdraft.target import TargetModel
+from tests.helpers import RecomputeDrafter, plain_greedy
+
+PROMPT = [1, 2, 3, 4, 5, 1, 2, 3, 6, 7, 1, 2]
+
+
+class OracleDrafter:
+    """Proposes the reference continuation (so whole blocks are accepted), optionally corrupted
+    at every absolute position divisible by `corrupt_every`."""
+
+    needs_target_hidden: ClassVar[bool] = False
+
+    def __init__(self, full_sequence: list[int], corrupt_every: int = 0, vocab: int = 16) -> None:
+        self.seq = full_sequence
+        self.corrupt_every = corrupt_every
+        self.vocab = vocab
+
+    def bind(self, target: TargetModel) -> None: ...
+    def reset(self) -> None: ...
+    def commit(self, ctx: DraftContext, num_accepted: int) -> None: ...
+
+    def propose(self, ctx: DraftContext, num_tokens: int) -> Draft:
+        t = ctx.token_ids.shape[1]
+        toks = self.seq[t : t + num_tokens]
+        if self.corrupt_every:
+            toks = [
+                (x + 1) % self.vocab if (t + i) % self.corrupt_every == 0 else x
+                for i, x in enumerate(toks)
+            ]
+        return Draft(token_ids=torch.tensor([toks], dtype=torch.long).reshape(1, len(toks)))
+
+
+def test_oracle_satisfies_protocol() -> None:
+    assert isinstance(OracleDrafter([]), Drafter)
+    assert isinstance(NGramDrafter(), Drafter)
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_greedy_exact_with_ngram(k: int, seed: int) -> None:
+    target = tiny_random_target(vocab_size=16, seed=seed)
+    ref = plain_greedy(target, PROMPT, 48)
+    out = SpeculativeDecoder(target, NGramDrafter(1, 3), k).generate(PROMPT, 48)
+    assert out.token_ids[0].tolist() == ref
+    assert out.stats.new_tokens == 48
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_greedy_exact_with_a_model_drafter(tiny_target: TargetModel, k: int) -> None:
+    ref = plain_greedy(tiny_target, PROMPT, 30)
+    drafter = RecomputeDrafter(tiny_random_llama(vocab_size=16, seed=5))
+    out = SpeculativeDecoder(tiny_target, drafter, k).generate(PROMPT, 30)
+    assert out.token_ids[0].tolist() == ref
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_greedy_exact_with_partially_right_drafter(tiny_target: TargetModel, k: int) -> None:
+    ref = plain_greedy(tiny_target, PROMPT, 40)
+    drafter = OracleDrafter(PROMPT + ref, corrupt_every=3)
+    out = SpeculativeDecoder(tiny_target, drafter, k).generate(PROMPT, 40)
+    assert out.token_ids[0].tolist() == ref
+    assert 0 < out.stats.acceptance_rate < 1
+
+
+def test_stop_token_inside_an_accepted_block(tiny_target: TargetModel) -> None:
+    ref = plain_greedy(tiny_target, PROMPT, 40)
+    stop = ref[5]
+    first = ref.index(stop)
+    out = SpeculativeDecoder(tiny_target, OracleDrafter(PROMPT + ref), 8).generate(
+        PROMPT, 40, stop_token_ids=[stop]
+    )
+    assert out.token_ids[0].tolist() == ref[: first + 1]
+    assert out.stats.rounds == 1 if first < 8 else out.stats.rounds >= 1
+
+
+@pytest.mark.parametrize("max_new", [0, 1, 5, 13])
+def test_max_new_tokens_lands_mid_block(tiny_target: TargetModel, max_new: int) -> None:
+    ref = plain_greedy(tiny_target, PROMPT, 40)
+    out = SpeculativeDecoder(tiny_target, OracleDrafter(PROMPT + ref), 8).generate(
+        PROMPT, max_new, stop_token_ids=[]
+    )
+    assert out.token_ids[0].tolist() == ref[:max_new]
+    assert out.stats.new_tokens == max_new
+
+
+def test_autoregressive_baseline_is_k_zero(tiny_target: TargetModel) -> None:
+    ref = plain_greedy(tiny_target, PROMPT, 20)
+    out = SpeculativeDecoder(tiny_target, None).generate(PROMPT, 20)
+    assert out.token_ids[0].tolist() == ref
+    assert out.stats.rounds == 20 and out.stats.drafted == 0
+
+
+def test_one_token_prompt(tiny_target: TargetModel) -> None:
+    ref = plain_greedy(tiny_target, [3], 10)
+    out = SpeculativeDecoder(tiny_target, NGramDrafter(), 4).generate([3], 10)
+    assert out.token_ids[0].tolist() == ref
+
+
+def test_stats_are_consistent(tiny_target: TargetModel) -> None:
+    out = SpeculativeDecoder(tiny_target, NGramDrafter(), 4).generate(PROMPT, 40)
+    s = out.stats
+    assert s.new_tokens == 40 == s.accepted + s.rounds
+    assert s.drafted == sum(s.drafted_per_position)
+    assert s.accepted == sum(s.accepted_per_position)
+    assert s.mean_accepted_length == pytest.approx(40 / s.rounds)
+    assert s.total_s >= s.draft_s + s.verify_s
+    d = s.as_dict()
+    assert d["acceptance_rate"] == s.acceptance_rate and "verify_s_by_k" in d
+
+
+# ------------------------------------------------------------------------------ bad input
+def test_bad_inputs_raise_clear_errors(tiny_target: TargetModel) -> None:
+    with pytest.raises(ValueError, match="num_draft_tokens"):
+        SpeculativeDecoder(tiny_target, NGramDrafter(), -1)
+    dec = SpeculativeDecoder(tiny_target, NGramDrafter(), 2)
+    with pytest.raises(ValueError, match="empty"):
+        dec.generate([], 5)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        dec.generate([1, 2], -1)
+    with pytest.raises(ValueError, match="context length"):
+        dec.generate([1, 2], tiny_target.max_context)
+    with pytest.raises(ValueError, match="token ids"):
+        dec.generate([1, 99], 3)
+    with pytest.raises(NotImplementedError, match="batch size"):
+        dec.generate([[1, 2], [3, 4]], 3)
+    with pytest.raises(ValueError, match="min_ngram"):
+        NGramDrafter(min_ngram=3, max_ngram=2)
+
+
+def test_drafter_vocabulary_mismatch_is_refused(tiny_target: TargetModel) -> None:
+    with pytest.raises(ValueError, match="vocabulary"):
+        SpeculativeDecoder(tiny_target, RecomputeDrafter(tiny_random_llama(vocab_size=20)), 2)

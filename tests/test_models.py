@@ -1,0 +1,63 @@
+"""Model resolution and loading errors (no weights needed)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from specdraft.models import load_target, resolve_source, tiny_random_llama
+from specdraft.target import TargetModel
+
+
+def test_unknown_alias_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="unknown model 'no-such-model'"):
+        resolve_source("no-such-model")
+
+
+def test_missing_gguf_file(tmp_path) -> None:  # noqa: ANN001
+    with pytest.raises(ValueError, match="does not exist"):
+        resolve_source(str(tmp_path / "x.gguf"))
+
+
+def test_directory_without_config(tmp_path) -> None:  # noqa: ANN001
+    with pytest.raises(ValueError, match="config.json"):
+        resolve_source(str(tmp_path))
+
+
+def test_local_directory_roundtrip(tmp_path) -> None:  # noqa: ANN001
+    model = tiny_random_llama(vocab_size=16, seed=3)
+    model.save_pretrained(tmp_path)
+    target = load_target(str(tmp_path), device="cpu", with_tokenizer=False)
+    ids = torch.tensor([[1, 2, 3]])
+    torch.testing.assert_close(target.model(ids).logits, model(ids).logits)
+
+
+def test_offline_hub_id_fails_fast_with_a_sentence() -> None:
+    code = (
+        "from specdraft.models import load_target\n"
+        "try:\n    load_target('nobody-xyz/not-a-model', device='cpu')\n"
+        "except ValueError as e:\n    print('ERR', e)\n"
+    )
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert "ERR" in out.stdout and "HF_HUB_OFFLINE" in out.stdout, out.stderr[-2000:]
+
+
+def test_target_cache_crop(tiny_target: TargetModel) -> None:
+    tiny_target.reset()
+    tiny_target.forward(torch.tensor([[1, 2, 3, 4]]))
+    assert tiny_target.cache_length == 4
+    tiny_target.crop(2)
+    assert tiny_target.cache_length == 2
+    with pytest.raises(ValueError, match="crop"):
+        tiny_target.crop(5)
+    # after a crop the cache gives the same logits as a fresh forward over the kept prefix
+    got = tiny_target.forward(torch.tensor([[7, 8]])).logits
+    want = tiny_target.model(torch.tensor([[1, 2, 7, 8]])).logits[:, -2:]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
