@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from specdraft.gamma import FixedGamma, GammaPolicy, make_gamma_policy
 from specdraft.protocol import Draft, DraftContext, Drafter
 from specdraft.sampling import SamplingConfig, warp
 from specdraft.stats import GenerationStats
@@ -37,7 +38,9 @@ class GenerationResult:
 class SpeculativeDecoder:
     """Generate from `target`, drafting with `drafter` (None = plain autoregressive decoding).
 
-    num_draft_tokens: K, the draft tokens asked for per round (>= 0).
+    num_draft_tokens: K, the draft tokens asked for per round (>= 0), or "auto": the online cost
+        model of `specdraft.gamma` picks K each round (0 = a plain AR round when drafting does not pay).
+    max_draft_tokens: the largest K "auto" may choose.
     sampling: temperature / top-k / top-p / seed, applied identically to target and drafter.
     sampler: the lossless verifier for temperature > 0 (injectable only so that audits such as
         `specdraft-check` can prove they catch a broken one).
@@ -47,18 +50,15 @@ class SpeculativeDecoder:
         self,
         target: TargetModel,
         drafter: Drafter | None = None,
-        num_draft_tokens: int = 4,
+        num_draft_tokens: int | str = "auto",
         sampling: SamplingConfig | None = None,
         sampler: Callable[..., VerifyResult] = rejection_sample,
+        max_draft_tokens: int = 8,
     ) -> None:
-        if not isinstance(num_draft_tokens, int) or num_draft_tokens < 0:
-            raise ValueError(
-                f"num_draft_tokens must be an integer >= 0 (0 = plain autoregressive), "
-                f"got {num_draft_tokens!r}."
-            )
+        policy = make_gamma_policy(num_draft_tokens, max_k=max_draft_tokens)  # validates
         self.target = target
         self.drafter = drafter
-        self.num_draft_tokens = num_draft_tokens if drafter is not None else 0
+        self.policy: GammaPolicy = policy if drafter is not None else FixedGamma(0)
         self.sampling = sampling or SamplingConfig()
         self.sampler = sampler
         if drafter is not None:
@@ -100,7 +100,7 @@ class SpeculativeDecoder:
         generated, done = 0, max_new_tokens == 0
         while not done:
             ctx = DraftContext(buf[:, :n], hidden, self.sampling, gen)
-            k_max = min(self.num_draft_tokens, max_new_tokens - generated - 1)
+            k_max = self.policy.choose(max_new_tokens - generated - 1)
 
             t0 = time.perf_counter()
             draft = self._propose(ctx, k_max, device)
@@ -109,7 +109,7 @@ class SpeculativeDecoder:
             inputs = torch.cat([buf[:, n - 1 : n], draft.token_ids], dim=1)  # [1, K+1]
             out = self.target.forward(inputs)  # logits [1, K+1, V]
             t2 = time.perf_counter()
-            stats.draft_s += t1 - t0
+            draft_s = t1 - t0
             stats.record_verify(k, t2 - t1)
 
             result = self._verify(draft, out.logits, gen)
@@ -133,7 +133,9 @@ class SpeculativeDecoder:
             if self.drafter is not None and not done:
                 t3 = time.perf_counter()
                 self.drafter.commit(DraftContext(buf[:, :n], hidden, self.sampling, gen), num_accepted)
-                stats.draft_s += time.perf_counter() - t3
+                draft_s += time.perf_counter() - t3
+            stats.draft_s += draft_s
+            self.policy.observe(k, num_accepted, draft_s, t2 - t1)
 
         new_tokens = buf[:, prompt.shape[1] : n].cpu()  # [1, N]
         stats.total_s = time.perf_counter() - t_start

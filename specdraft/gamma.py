@@ -1,0 +1,147 @@
+"""How many tokens to draft each round: a fixed K, or the online cost model (`"auto"`).
+
+The seed picks gamma by maximising E[N] / (gamma c + 1) for one alpha and a constant c. Real
+hardware breaks both assumptions: acceptance falls with the position in the draft, and on a CPU the
+target's forward over k+1 positions costs visibly more than over 1 (DESIGN §8). The cost model keeps
+running estimates of
+
+    a_i      = P(draft token i accepted | tokens 0..i-1 accepted)     (per position, Beta prior)
+    T_d(k)   = seconds the drafter spends on a round that drafts k tokens
+    T_v(k)   = seconds of the target forward that scores k draft tokens (k+1 positions)
+
+and every round picks
+
+    K* = argmax_{k in [0, k_max]}  E[N](k) / (T_d(k) + T_v(k)),   E[N](k) = sum_{j=0..k} prod_{i<j} a_i
+
+i.e. the K with the most expected emitted tokens per second, *including K = 0* (plain AR) when
+drafting does not pay. Estimates are exponential moving averages, so they follow the prompt (a copy
+region makes the n-gram drafter right for a while, then wrong). Unmeasured k get T_v(k) from the
+nearest measured k plus a per-token slope (prior: 10% of T_v(0) per token, DESIGN §8) and T_d(k)
+linearly from the measured per-token drafting cost. When K* = 0 the policy still probes k = 1 every
+`probe_every` rounds, so a drafter that becomes useful again is noticed (cost: a few % of a round).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class GammaPolicy(Protocol):
+    """Chooses K each round and learns from what the round cost and kept."""
+
+    def choose(self, k_max: int) -> int: ...
+
+    def observe(self, num_drafted: int, num_accepted: int, draft_s: float, verify_s: float) -> None:
+        ...
+
+
+@dataclass
+class FixedGamma:
+    """Always draft `k` tokens (capped by what the round allows)."""
+
+    k: int
+
+    def choose(self, k_max: int) -> int:
+        return min(self.k, k_max)
+
+    def observe(self, num_drafted: int, num_accepted: int, draft_s: float, verify_s: float) -> None:
+        """A fixed K learns nothing."""
+
+
+@dataclass
+class CostModelGamma:
+    """Online cost-model choice of K (see module docstring for the rule).
+
+    max_k: largest K ever drafted. decay: weight of history in the moving averages.
+    prior_accept / prior_weight: Beta prior on each a_i (optimistic enough to try drafting).
+    slope_prior: assumed extra verify cost per draft token, as a fraction of T_v(0).
+    """
+
+    max_k: int = 8
+    decay: float = 0.95
+    prior_accept: float = 0.5
+    prior_weight: float = 2.0
+    slope_prior: float = 0.1
+    probe_every: int = 16
+    _accepted: list[float] = field(default_factory=list, repr=False)
+    _reached: list[float] = field(default_factory=list, repr=False)
+    _verify: dict[int, float] = field(default_factory=dict, repr=False)
+    _draft_per_token: float | None = field(default=None, repr=False)
+    _rounds_at_zero: int = field(default=0, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.max_k < 0:
+            raise ValueError(f"max_k must be >= 0, got {self.max_k}.")
+        self._accepted = [0.0] * self.max_k
+        self._reached = [0.0] * self.max_k
+
+    # ------------------------------------------------------------------------- estimates
+    def acceptance(self) -> list[float]:
+        """Current a_i estimates, one per draft position."""
+        w, a0 = self.prior_weight, self.prior_accept
+        return [(acc + w * a0) / (n + w) for acc, n in zip(self._accepted, self._reached)]
+
+    def verify_cost(self, k: int) -> float:
+        """Estimated T_v(k): measured, or extrapolated from the nearest measured k."""
+        if k in self._verify:
+            return self._verify[k]
+        if not self._verify:
+            return 1.0 + self.slope_prior * k  # relative units until something is measured
+        ks = sorted(self._verify)
+        if len(ks) >= 2:
+            slope = max((self._verify[ks[-1]] - self._verify[ks[0]]) / (ks[-1] - ks[0]), 0.0)
+        else:
+            slope = self.slope_prior * self._verify[ks[0]] / (1.0 + self.slope_prior * ks[0])
+        nearest = min(ks, key=lambda m: abs(m - k))
+        return self._verify[nearest] + slope * (k - nearest)
+
+    def draft_cost(self, k: int) -> float:
+        return k * (self._draft_per_token or 0.0)
+
+    def expected_rate(self, k: int) -> float:
+        """Expected emitted tokens per second (or per relative unit) of a round drafting k."""
+        total, reach = 1.0, 1.0
+        for a in self.acceptance()[:k]:
+            reach *= a
+            total += reach
+        return total / (self.draft_cost(k) + self.verify_cost(k))
+
+    # ------------------------------------------------------------------------- policy
+    def choose(self, k_max: int) -> int:
+        k_max = min(k_max, self.max_k)
+        best = max(range(k_max + 1), key=lambda k: (self.expected_rate(k), -k))
+        if best == 0 and k_max > 0:
+            self._rounds_at_zero += 1
+            if self._rounds_at_zero % self.probe_every == 0:
+                return 1
+        else:
+            self._rounds_at_zero = 0
+        return best
+
+    def observe(self, num_drafted: int, num_accepted: int, draft_s: float, verify_s: float) -> None:
+        d = self.decay
+        for i in range(min(num_drafted, self.max_k)):
+            self._reached[i] *= d
+            self._accepted[i] *= d
+            if i <= num_accepted:  # position i was reached
+                self._reached[i] += 1.0
+                self._accepted[i] += 1.0 if i < num_accepted else 0.0
+        old = self._verify.get(num_drafted)
+        self._verify[num_drafted] = verify_s if old is None else d * old + (1 - d) * verify_s
+        if num_drafted > 0:
+            per_token = draft_s / num_drafted
+            prev = self._draft_per_token
+            self._draft_per_token = per_token if prev is None else d * prev + (1 - d) * per_token
+
+
+def make_gamma_policy(num_draft_tokens: int | str, max_k: int = 8) -> GammaPolicy:
+    """`num_draft_tokens` as users write it: an int >= 0, or "auto" (the cost model up to max_k)."""
+    if num_draft_tokens == "auto":
+        return CostModelGamma(max_k=max_k)
+    if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 0:
+        raise ValueError(
+            f"num_draft_tokens must be an integer >= 0 (0 = plain autoregressive) or 'auto', "
+            f"got {num_draft_tokens!r}."
+        )
+    return FixedGamma(num_draft_tokens)

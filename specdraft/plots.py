@@ -1,0 +1,83 @@
+"""PNG plots of a bench result: acceptance per position, speedup per category, measured vs
+predicted speedup. Uses matplotlib's Agg backend (no display needed)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def write_plots(result: dict[str, Any], out_dir: Path) -> list[Path]:
+    """Write the three plots into out_dir; returns their paths."""
+    records = [r for r in result["records"] if r.get("acceptance_per_position") is not None]
+    paths = [
+        _acceptance_per_position(records, out_dir / "acceptance_per_position.png"),
+        _speedup_per_category(result["summary"], out_dir / "speedup_per_category.png"),
+        _measured_vs_predicted(records, out_dir / "measured_vs_predicted.png"),
+    ]
+    return paths
+
+
+def _acceptance_per_position(records: list[dict[str, Any]], path: Path) -> Path:
+    pooled: dict[str, list[list[float]]] = defaultdict(list)
+    for r in records:
+        if r["acceptance_per_position"]:
+            pooled[r["method"]].append(r["acceptance_per_position"])
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for method, rows in pooled.items():
+        width = max(len(x) for x in rows)
+        mean = [sum(x[i] for x in rows if i < len(x)) / max(1, sum(i < len(x) for x in rows))
+                for i in range(width)]
+        ax.plot(range(1, width + 1), mean, marker="o", label=method)
+    ax.set(xlabel="draft position", ylabel="P(accept | reached)", ylim=(0, 1.05),
+           title="Acceptance per draft position")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _speedup_per_category(summary: dict[str, dict[str, Any]], path: Path) -> Path:
+    cats = sorted(c for c in summary if c != "overall") + ["overall"]
+    methods = sorted({m for c in cats for m in summary[c]})
+    fig, ax = plt.subplots(figsize=(max(6, len(cats) * 1.2), 4))
+    width = 0.8 / max(1, len(methods))
+    for i, m in enumerate(methods):
+        ys = [summary[c].get(m, {}).get("speedup") or 0.0 for c in cats]
+        ax.bar([x + i * width for x in range(len(cats))], ys, width, label=m)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(cats))], cats, rotation=20)
+    ax.set(ylabel="speedup vs AR (median)", title="Speedup per category")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _measured_vs_predicted(records: list[dict[str, Any]], path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(5, 5))
+    by_method: dict[str, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
+    for r in records:
+        if r.get("predicted_speedup") and r.get("speedup"):
+            by_method[r["method"]][0].append(r["predicted_speedup"])
+            by_method[r["method"]][1].append(r["speedup"])
+    hi = 1.0
+    for method, (pred, meas) in by_method.items():
+        ax.scatter(pred, meas, label=method, s=14)
+        hi = max(hi, *pred, *meas)
+    ax.plot([0, hi * 1.05], [0, hi * 1.05], "k--", lw=0.8)
+    ax.set(xlabel="predicted speedup (theory, measured costs)", ylabel="measured speedup",
+           title="Measured vs predicted")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,67 @@
+"""The cost-model choice of K against the closed form, and convergence to K = 0."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdraft import theory
+from specdraft.gamma import CostModelGamma, FixedGamma, make_gamma_policy
+
+
+def primed_policy(alpha: float, t_q: float, curve: list[float]) -> CostModelGamma:
+    """A policy whose acceptance is pinned to alpha (huge prior) and whose costs are the curve."""
+    policy = CostModelGamma(max_k=len(curve) - 1, decay=0.0, prior_accept=alpha, prior_weight=1e12)
+    for k, t_v in enumerate(curve):
+        policy.observe(k, 0, k * t_q, t_v)
+    return policy
+
+
+@pytest.mark.parametrize(
+    ("alpha", "t_q", "slope"),
+    [(0.8, 0.002, 0.1), (0.6, 0.01, 0.15), (0.9, 0.0, 0.05), (0.3, 0.004, 0.2), (0.05, 0.01, 0.1)],
+)
+def test_choice_matches_closed_form(alpha: float, t_q: float, slope: float) -> None:
+    curve = [0.04 * (1 + slope * k) for k in range(9)]
+    policy = primed_policy(alpha, t_q, curve)
+    want = max(
+        range(9), key=lambda g: (theory.predicted_speedup([alpha] * 8, t_q, curve, g), -g)
+    )
+    assert policy.choose(8) == want
+
+
+def test_chooses_zero_when_drafting_does_not_pay() -> None:
+    curve = [0.04 * (1 + 0.3 * k) for k in range(9)]
+    assert primed_policy(0.1, 0.02, curve).choose(8) == 0
+
+
+def test_respects_k_max() -> None:
+    curve = [0.04] * 9
+    assert primed_policy(0.95, 0.0, curve).choose(3) == 3
+
+
+def test_never_right_drafter_converges_to_zero() -> None:
+    policy = CostModelGamma(max_k=8)
+    chosen = []
+    for _ in range(300):
+        k = policy.choose(100)
+        chosen.append(k)
+        policy.observe(k, 0, 0.002 * k, 0.04 * (1 + 0.1 * k))
+    late = chosen[-160:]
+    assert sum(k > 0 for k in late) <= len(late) // policy.probe_every + 1  # only the probes
+    assert max(late) <= 1
+
+
+def test_always_right_drafter_drafts_the_maximum() -> None:
+    policy = CostModelGamma(max_k=6)
+    for _ in range(100):
+        k = policy.choose(100)
+        policy.observe(k, k, 0.0005 * k, 0.04 * (1 + 0.05 * k))
+    assert policy.choose(100) == 6
+
+
+def test_make_policy_validates() -> None:
+    assert isinstance(make_gamma_policy("auto"), CostModelGamma)
+    assert make_gamma_policy(3) == FixedGamma(3)
+    for bad in (-1, "many", 2.5, True):
+        with pytest.raises(ValueError, match="num_draft_tokens"):
+            make_gamma_policy(bad)
