@@ -213,7 +213,8 @@ def build_methods(cfg: DictConfig, target: TargetModel) -> list[Method]:
 
 def _drafter_label(cfg: DictConfig) -> str:
     choice = HydraConfig.get().runtime.choices.get("drafter") if HydraConfig.initialized() else None
-    return str(choice or cfg.drafter.get("_target_", "drafter").rsplit(".", 1)[-1])
+    # outside a Hydra run: the drafter's module name (drafters.ngram.NGramDrafter -> ngram)
+    return str(choice or cfg.drafter.get("_target_", "drafter").rsplit(".", 2)[-2])
 
 
 def select_prompts(cfg: DictConfig) -> list[SuitePrompt]:
