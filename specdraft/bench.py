@@ -139,8 +139,9 @@ def verify_curve(stats: list[GenerationStats]) -> dict[int, float]:
 
 
 def predicted_speedup(s: GenerationStats, t_p0: float, curve: dict[int, float]) -> float | None:
-    """Theory's speedup for the K mix this run actually used (measured acceptance and costs):
-    sum_k n_k E[N](k) tokens in sum_k n_k (k T_q + T_v(k)) seconds, vs 1 token per T_v(0)."""
+    """Theory's speedup for the K mix this run actually used, from measured acceptance and costs:
+    the rounds are predicted to emit sum_k n_k E[N](k) tokens in sum_k n_k (k T_q + T_v(k))
+    seconds, where AR needs T_v(0) per token; both pay the same prefill."""
     if s.rounds == 0 or t_p0 <= 0:
         return None
     t_q = s.draft_s / s.drafted if s.drafted else 0.0
@@ -150,7 +151,7 @@ def predicted_speedup(s: GenerationStats, t_p0: float, curve: dict[int, float]) 
         k = int(k)
         tokens += n * theory.expected_tokens_from_profile(acc, k)
         seconds += n * (k * t_q + curve.get(k, t_p0))
-    return (tokens / seconds) * t_p0 if seconds > 0 else None
+    return (s.prefill_s + tokens * t_p0) / (s.prefill_s + seconds) if seconds > 0 else None
 
 
 def summarize(method: Method, runs: list[Run], ar_runs: list[Run], t_p0: float) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from specdraft.protocol import Draft, DraftContext, Drafter
 from specdraft.sampling import SamplingConfig, warp
 from specdraft.stats import GenerationStats
 from specdraft.target import TargetModel
+from specdraft.tree import tree_forward
 from specdraft.verify import VerifyResult, greedy_verify, rejection_sample
 
 
@@ -107,7 +108,10 @@ class SpeculativeDecoder:
             t1 = time.perf_counter()
             k = draft.num_tokens
             inputs = torch.cat([buf[:, n - 1 : n], draft.token_ids], dim=1)  # [1, K+1]
-            out = self.target.forward(inputs)  # logits [1, K+1, V]
+            if draft.parents is None:
+                out = self.target.forward(inputs)  # logits [1, K+1, V]
+            else:  # a candidate tree: one forward; the cache keeps the accepted path, returned as a chain
+                draft, out = tree_forward(self.target, inputs, draft, self.sampling)
             t2 = time.perf_counter()
             draft_s = t1 - t0
             stats.record_verify(k, t2 - t1)
@@ -151,7 +155,8 @@ class SpeculativeDecoder:
                 f"{type(self.drafter).__name__}.propose returned {draft.num_tokens} tokens but "
                 f"{k_max} were asked for; a drafter must return at most num_tokens tokens."
             )
-        return Draft(token_ids=draft.token_ids.to(device), probs=draft.probs)
+        parents = None if draft.parents is None else draft.parents.to(device)  # a tree (Medusa)
+        return Draft(token_ids=draft.token_ids.to(device), probs=draft.probs, parents=parents)
 
     def _verify(self, draft: Draft, logits: Tensor, gen: torch.Generator) -> VerifyResult:
         if self.sampling.greedy:

@@ -27,10 +27,13 @@ class Draft:
     token_ids: [B, K] int64; K may be 0 ("no proposal": the round is plain autoregressive).
     probs: [B, K, V] q after the SAME warping as the target (`specdraft.sampling.warp`);
         None = deterministic drafter (q is one-hot at token_ids).
+    parents: None for a chain; for a candidate tree (verified at temperature 0 only) the parent
+        node of every draft token, -1 = the newest committed token (specdraft/tree.py).
     """
 
     token_ids: Tensor
     probs: Tensor | None = None
+    parents: Tensor | None = None  # [B, K] parent index per node, -1 = root (a tree, specdraft/tree.py)
 
     @property
     def num_tokens(self) -> int:

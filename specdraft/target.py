@@ -7,6 +7,7 @@ at every position, and crops the cache back to the accepted prefix. Drafters tha
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -111,14 +112,44 @@ class TargetModel:
             assert self._cache is not None
             self._cache.crop(length - current)  # transformers 5: a negative count removes
 
+    def keep_positions(self, positions: Sequence[int]) -> None:
+        """Keep only the given KV-cache positions, in this order (tree verification: the committed
+        prefix + the accepted path, whose K/V are copied into place)."""
+        current = self.cache_length
+        if self._cache is None or any(not 0 <= p < current for p in positions):
+            raise ValueError(f"cache positions must be in [0, {current}), got {list(positions)}.")
+        for layer in self._cache.layers:
+            idx = torch.as_tensor(list(positions), dtype=torch.long, device=layer.keys.device)
+            layer.keys = layer.keys.index_select(-2, idx)
+            layer.values = layer.values.index_select(-2, idx)
+
     @torch.inference_mode()
-    def forward(self, token_ids: Tensor, num_logits: int | None = None) -> TargetOutput:
+    def forward(
+        self,
+        token_ids: Tensor,
+        num_logits: int | None = None,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+    ) -> TargetOutput:
         """Run token_ids [B, k] after the cached positions and append them to the cache.
 
         num_logits: compute lm_head logits only for the last `num_logits` positions (None = all,
         0 = none: a prefill that only fills the cache). The lm_head is a large share of a small
         model's cost, so the loop asks only for what the verifier reads.
+        attention_mask / position_ids: optional 4D additive mask [B, 1, k, cached + k] and positions
+        [B, k] (tree verification, specdraft/tree.py); None = the usual causal continuation.
         """
+        if attention_mask is not None or position_ids is not None:
+            if self._cache is None:
+                self.reset()
+            out = self.decoder(
+                input_ids=token_ids,
+                cache=self._cache,
+                use_cache=True,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+            )
+            return self._output(out.last_hidden_state, num_logits)
         if self._cache is None:
             self.reset()
         if self._prefix is not None:

@@ -1,0 +1,231 @@
+"""Draft-model drafting: a small causal LM that shares the target's tokenizer drafts K tokens.
+
+The classic setup: Mq imitates Mp. The drafter keeps its own KV cache, drafts K tokens
+autoregressively from its warped q (the shared `warp`, so greedy at temperature 0) and returns q.
+Between rounds it keeps the longest prefix of its cache that matches the committed tokens, so the
+recovered / bonus token (and a fully accepted last draft token) are fed next round without
+recomputing the prefix, and a rejected draft never leaves stale KV behind.
+
+Optionally it drafts over a pruned vocabulary (`specdraft.vocab.PrunedVocab`): its head then
+projects onto M of the target's V tokens (V / M times cheaper) and q is zero outside the subset,
+which keeps verification exact.
+
+    DraftModelDrafter()                                 # the shipped distilled draft for smollm2-135m
+    DraftModelDrafter(model="HuggingFaceTB/SmolLM2-135M-Instruct", pruned_vocab=None)
+    DraftModelDrafter(model=my_module)                  # any in-memory HF causal LM
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+from torch import Tensor, nn
+from transformers import DynamicCache, PreTrainedModel
+
+from specdraft.protocol import Draft, DraftContext
+from specdraft.sampling import sample, warp
+from specdraft.vocab import PrunedVocab
+
+if TYPE_CHECKING:
+    from specdraft.target import TargetModel
+
+SHIPPED_DRAFTS = {
+    "smollm2-135m-distilled": Path(__file__).resolve().parent.parent
+    / "specdraft" / "artifacts" / "smollm2-135m" / "draft",
+}
+AUTO = "auto"
+
+
+def _artifact_dir(name: str) -> Path | None:
+    """The directory of a shipped / exported draft artifact (only new weights), else None."""
+    from specdraft.train.distill import ARTIFACT_FILE, META_FILE
+
+    if name.lower() in SHIPPED_DRAFTS:
+        return SHIPPED_DRAFTS[name.lower()]
+    p = Path(name).expanduser()
+    if p.is_dir() and (p / META_FILE).is_file() and (p / ARTIFACT_FILE).is_file():
+        return p
+    return None
+
+
+def load_draft(
+    model: str | nn.Module, target_model: PreTrainedModel
+) -> tuple[PreTrainedModel, PrunedVocab | None, object | None]:
+    """Resolve `model` to (draft module, the pruned vocabulary saved with it or None, its
+    tokenizer or None). Shipped artifacts are rebuilt from `target_model`."""
+    from specdraft.models import load_model, load_tokenizer, resolve_source
+    from specdraft.train.distill import VOCAB_FILE, load_draft_artifact
+
+    if isinstance(model, nn.Module):
+        return model, None, None
+    if not isinstance(model, (str, Path)):
+        raise ValueError(f"model must be a name, a path or an nn.Module, got {type(model).__name__}.")
+    name = str(model)
+    art = _artifact_dir(name)
+    if art is not None:
+        draft, vocab = load_draft_artifact(art, target_model)
+        return draft, vocab, None
+    src = resolve_source(name)  # raises a clear ValueError for unknown names / missing paths
+    device = target_model.get_output_embeddings().weight.device
+    draft = load_model(name, device=device, dtype=target_model.get_output_embeddings().weight.dtype)
+    vocab_file = Path(src.path) / VOCAB_FILE
+    vocab = PrunedVocab.load(vocab_file) if not src.hub_id and vocab_file.is_file() else None
+    try:
+        tok = load_tokenizer(name)
+    except (OSError, ValueError):
+        tok = None
+    return draft, vocab, tok
+
+
+def load_draft_hf_model(name: str | nn.Module, target: TargetModel) -> PreTrainedModel:
+    """The draft as a plain Hugging Face `PreTrainedModel` with a full-vocabulary head, e.g. for
+    `target.model.generate(..., assistant_model=load_draft_hf_model("smollm2-135m-distilled", t))`."""
+    draft, _, _ = load_draft(name, target.model)
+    return draft.to(target.device).eval()
+
+
+class DraftModelDrafter:
+    """Drafts with a small causal LM. `specdraft-generate drafter=draft_model`.
+
+    model: the shipped artifact name ("smollm2-135m-distilled"), an exported artifact directory,
+        an alias / save_pretrained directory / hub id / .gguf (via `specdraft.models`), or an
+        in-memory `nn.Module` (a HF causal LM). Resolved in `bind`, where the target is known.
+    pruned_vocab: "auto" = the subset saved with the draft if any (else the full vocabulary);
+        None = always the full vocabulary; a path to a `PrunedVocab` JSON; or a `PrunedVocab`.
+    strict_tokenizer: raise (instead of warn) when the draft's token texts differ from the target's.
+    """
+
+    needs_target_hidden: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        model: str | nn.Module = "smollm2-135m-distilled",
+        pruned_vocab: str | PrunedVocab | None = AUTO,
+        strict_tokenizer: bool = False,
+    ) -> None:
+        self.model_spec = model
+        self.pruned_vocab_spec = pruned_vocab
+        self.strict_tokenizer = strict_tokenizer
+        self.model: PreTrainedModel | None = None
+        self.vocab: PrunedVocab | None = None
+        self._head: Tensor | None = None  # [M or V, H]
+        self._cache: DynamicCache | None = None
+        self._ids: Tensor | None = None  # [1, L] tokens whose KV is in the cache
+
+    def hf_assistant_model(self) -> PreTrainedModel:
+        """The bound draft as a plain HF model (full-vocabulary head) for `assistant_model=`, so the
+        bench compares this drafter with Hugging Face assisted generation on the same weights."""
+        if self.model is None:
+            raise ValueError("bind the drafter to a target before asking for its HF model.")
+        return self.model
+
+    # ------------------------------------------------------------------------------ binding
+    def bind(self, target: TargetModel) -> None:
+        """Load/rebuild the draft next to the target, check the vocabulary, build the head."""
+        draft, saved_vocab, draft_tok = load_draft(self.model_spec, target.model)
+        head_weight = draft.get_output_embeddings().weight  # [V_draft, H]
+        if head_weight.shape[0] != target.vocab_size:
+            raise ValueError(
+                f"the draft's vocabulary has {head_weight.shape[0]} tokens but the target's has "
+                f"{target.vocab_size}; use a draft that shares the target's tokenizer."
+            )
+        self._check_token_texts(draft_tok, target.tokenizer)
+        spec = self.pruned_vocab_spec
+        if spec == AUTO:
+            vocab = saved_vocab
+        elif spec is None or isinstance(spec, PrunedVocab):
+            vocab = spec
+        else:
+            vocab = PrunedVocab.load(spec)
+        if vocab is not None and vocab.vocab_size != target.vocab_size:
+            raise ValueError(
+                f"the pruned vocabulary was built for {vocab.vocab_size} tokens but the target has "
+                f"{target.vocab_size}; rebuild it with specdraft.vocab.build_pruned_vocab."
+            )
+        self.model = draft.to(target.device).eval()
+        self.vocab = vocab.to(target.device) if vocab is not None else None
+        weight = self.model.get_output_embeddings().weight
+        self._head = vocab.head(weight) if vocab is not None else weight.detach()  # [M or V, H]
+        self.reset()
+
+    def _check_token_texts(self, draft_tok: object | None, target_tok: object | None, n: int = 64) -> None:
+        if draft_tok is None or target_tok is None:
+            return
+        size = min(len(draft_tok), len(target_tok))  # type: ignore[arg-type]
+        ids = torch.linspace(0, size - 1, n).long().unique().tolist()
+        a = draft_tok.convert_ids_to_tokens(ids)  # type: ignore[attr-defined]
+        b = target_tok.convert_ids_to_tokens(ids)  # type: ignore[attr-defined]
+        bad = [(i, x, y) for i, x, y in zip(ids, a, b) if x != y]
+        if bad:
+            msg = (
+                f"the draft's tokenizer differs from the target's on {len(bad)} of {len(ids)} sampled "
+                f"ids (e.g. id {bad[0][0]}: {bad[0][1]!r} vs {bad[0][2]!r}); acceptance will be poor."
+            )
+            if self.strict_tokenizer:
+                raise ValueError(msg + " Use a draft trained with the target's tokenizer.")
+            warnings.warn(msg, stacklevel=2)
+
+    # ------------------------------------------------------------------------------ protocol
+    def reset(self) -> None:
+        """New prompt: an empty cache."""
+        self._cache = DynamicCache(config=self.model.config) if self.model is not None else None
+        self._ids = None
+
+    def commit(self, ctx: DraftContext, num_accepted: int) -> None:
+        """Keep only the cached positions that match the committed tokens (drops rejected KV)."""
+        self._sync(ctx.token_ids)
+
+    @torch.inference_mode()
+    def propose(self, ctx: DraftContext, num_tokens: int) -> Draft:
+        if self.model is None:
+            raise ValueError("DraftModelDrafter.propose was called before bind(target).")
+        if ctx.token_ids.shape[0] != 1:
+            raise NotImplementedError("DraftModelDrafter supports batch size 1.")
+        self._sync(ctx.token_ids)
+        if self._ids is not None and self._ids.shape[1] >= ctx.token_ids.shape[1]:
+            self._crop(ctx.token_ids.shape[1] - 1)  # everything cached: re-run the newest token
+        start = 0 if self._ids is None else self._ids.shape[1]
+        feed = ctx.token_ids[:, start:]  # [1, n >= 1] not yet in the draft cache
+        tokens, probs = [], []
+        for _ in range(num_tokens):
+            logits = self._next_logits(feed)  # [1, M or V]
+            q_sub = warp(logits, ctx.sampling)  # [1, M or V]
+            sub = q_sub.argmax(-1) if ctx.sampling.greedy else sample(q_sub, ctx.generator)  # [1]
+            tok = self.vocab.to_target(sub) if self.vocab is not None else sub  # [1] target id
+            tokens.append(tok)
+            probs.append(self.vocab.expand(q_sub) if self.vocab is not None else q_sub)  # [1, V]
+            feed = tok[:, None]  # [1, 1]
+        if not tokens:
+            return Draft(token_ids=ctx.token_ids.new_zeros((1, 0)))
+        return Draft(token_ids=torch.stack(tokens, dim=1), probs=torch.stack(probs, dim=1))  # [1,K], [1,K,V]
+
+    # ------------------------------------------------------------------------------ internals
+    def _next_logits(self, feed: Tensor) -> Tensor:
+        """Run feed [1, n] after the cached positions; logits for the next token [1, M or V]."""
+        assert self.model is not None and self._head is not None
+        out = self.model.base_model(input_ids=feed, cache=self._cache, use_cache=True)
+        self._ids = feed if self._ids is None else torch.cat([self._ids, feed], dim=1)
+        hidden = out.last_hidden_state[:, -1]  # [1, H]
+        return (hidden @ self._head.T).float()  # [1, M or V]
+
+    def _sync(self, committed: Tensor) -> None:
+        """Crop the cache to the longest common prefix of cached tokens and committed [1, T]."""
+        if self._ids is None:
+            return
+        n = min(self._ids.shape[1], committed.shape[1])
+        same = (self._ids[0, :n] == committed[0, :n].to(self._ids.device)).long()  # [n]
+        self._crop(int(same.cumprod(0).sum()))
+
+    def _crop(self, keep: int) -> None:
+        """Keep the first `keep` cached positions."""
+        if self._ids is None or keep >= self._ids.shape[1]:
+            return
+        if keep <= 0:
+            self.reset()
+            return
+        assert self._cache is not None
+        self._cache.crop(keep - self._ids.shape[1])  # negative count removes from the end
+        self._ids = self._ids[:, :keep]

@@ -1,0 +1,378 @@
+"""Medusa drafting: K small heads on the target's last hidden state guess the next K tokens.
+
+Head k (0-based) reads the target's post-norm hidden state h at the position that produced the
+newest token x_n and guesses x_{n+k+1}; one target forward therefore yields the next draft for free
+(no second model, no sequential drafting passes). A head is
+
+    h_k = ResBlock^N(h),  ResBlock(x) = x + SiLU(W x + b)   (W, b zero-initialised)
+    logits_k = lm_head(h_k) + (alpha / r) * B_k A_k h_k      (target's tied lm_head, frozen; LoRA delta)
+
+so a fresh head (zero blocks, B_k = 0) reproduces the target's own logits exactly. Training uses PEFT
+(`modules_to_save` for the blocks, LoRA on the per-head projections; specdraft/train/medusa.py) and
+saves a PEFT adapter directory; `MedusaDrafter` loads it onto a `MedusaHeads` built from the bound
+target, so no weight of the target is stored twice. The option `full_projection` gives each head its
+own trainable copy of the projection instead (the original Medusa-2 layout; ~28M parameters/head).
+
+Proposals: a chain (top-1 of every head at temperature 0; at temperature > 0 a sample from each
+head's warped distribution, returned as q: the heads do not condition on the earlier draft tokens,
+which is still a valid q for the lossless verifier), or at temperature 0 a candidate tree
+(`specdraft.tree`, plain lists of top-k rank paths) verified in one forward with a tree mask.
+Trees are not used at temperature > 0: multi-candidate rejection sampling is not implemented, so
+the drafter proposes its chain there (documented fallback, still lossless).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from specdraft.protocol import Draft, DraftContext
+from specdraft.sampling import sample, warp
+from specdraft.tree import load_tree, tree_draft
+
+if TYPE_CHECKING:
+    from specdraft.target import TargetModel
+
+ARTIFACTS = Path(__file__).resolve().parent.parent / "specdraft" / "artifacts"
+HEADS_CONFIG = "medusa_config.json"  # written next to the PEFT adapter: the heads' architecture
+VOCAB_FILE = "vocab.json"  # optional pruned vocabulary the heads were trained to project onto
+
+
+class ResBlock(nn.Module):
+    """x + SiLU(Linear(x)), the Linear zero-initialised so a fresh block is the identity."""
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + F.silu(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    """K Medusa heads: `blocks[k]` (N distinct ResBlocks) then the projection `lm_heads[k]`.
+
+    lm_head_weight: [V, H] the target's output embedding. Shared (frozen, not copied) by every
+        head unless full_projection, which gives each head its own trainable clone.
+    """
+
+    def __init__(
+        self,
+        lm_head_weight: Tensor,
+        num_heads: int = 3,
+        num_layers: int = 1,
+        full_projection: bool = False,
+    ) -> None:
+        super().__init__()
+        if num_heads < 1 or num_layers < 0:
+            raise ValueError(
+                f"need num_heads >= 1 and num_layers >= 0, got num_heads={num_heads}, "
+                f"num_layers={num_layers}."
+            )
+        vocab, hidden = lm_head_weight.shape
+        self.num_heads, self.num_layers, self.full_projection = num_heads, num_layers, full_projection
+        self.blocks = nn.ModuleList(
+            nn.Sequential(*[ResBlock(hidden) for _ in range(num_layers)]) for _ in range(num_heads)
+        )
+        self.lm_heads = nn.ModuleList()
+        for _ in range(num_heads):
+            proj = nn.Linear(hidden, vocab, bias=False, device=lm_head_weight.device)
+            if full_projection:
+                proj.weight = nn.Parameter(lm_head_weight.detach().clone())
+            else:
+                proj.weight = lm_head_weight  # the target's Parameter itself: shared, never copied
+            self.lm_heads.append(proj)
+        self.to(lm_head_weight.device)
+
+    def head_hidden(self, hidden: Tensor) -> Tensor:
+        """hidden [..., H] -> every head's block output [..., K, H]."""
+        return torch.stack([blk(hidden) for blk in self.blocks], dim=-2)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        """hidden [..., H] -> logits [..., K, V] of every head."""
+        h = self.head_hidden(hidden)  # [..., K, H]
+        return torch.stack([proj(h[..., k, :]) for k, proj in enumerate(self.lm_heads)], dim=-2)
+
+    def architecture(self) -> dict[str, int | bool]:
+        """What is needed to rebuild the module before loading an adapter into it."""
+        return {
+            "num_heads": self.num_heads,
+            "num_layers": self.num_layers,
+            "full_projection": self.full_projection,
+        }
+
+
+def lora_config(
+    num_heads: int, num_layers: int, rank: int, alpha: float, full_projection: bool
+):  # noqa: ANN201
+    """The PEFT LoraConfig for Medusa heads: every head's blocks fully trained (`modules_to_save`),
+    LoRA (rank `rank`) on the shared projections; with full_projection the projections are trained
+    whole (`modules_to_save`) and the LoRA sits on the blocks instead."""
+    from peft import LoraConfig
+
+    if rank < 1:
+        raise ValueError(f"lora_rank must be >= 1, got {rank}.")
+    heads = range(num_heads)
+    if full_projection:
+        # PEFT needs a LoRA target: the blocks get LoRA, the whole projections are trained.
+        blocks = [f"blocks.{k}.{j}.linear" for k in heads for j in range(num_layers)]
+        if not blocks:
+            raise ValueError("full_projection needs num_layers >= 1 (the blocks carry the LoRA).")
+        saved = [f"lm_heads.{k}" for k in heads]
+        return LoraConfig(r=rank, lora_alpha=alpha, target_modules=blocks, modules_to_save=saved)
+    names = [f"lm_heads.{k}" for k in heads]
+    saved = [f"blocks.{k}" for k in heads]
+    return LoraConfig(r=rank, lora_alpha=alpha, target_modules=names, modules_to_save=saved)
+
+
+def build_peft_heads(heads: MedusaHeads, rank: int = 8, alpha: float = 16.0):  # noqa: ANN201
+    """Wrap heads in a PEFT model ready to train (target weights frozen)."""
+    from peft import get_peft_model
+
+    for p in heads.parameters():
+        p.requires_grad_(False)
+    cfg = lora_config(heads.num_heads, heads.num_layers, rank, alpha, heads.full_projection)
+    return get_peft_model(heads, cfg)
+
+
+def save_heads(peft_model, out_dir: str | Path, provenance: dict) -> None:  # noqa: ANN001
+    """Save the PEFT adapter (adapter_config.json + adapter_model.safetensors), the heads'
+    architecture and a JSON of how they were made."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    peft_model.save_pretrained(str(out))
+    base: MedusaHeads = peft_model.get_base_model()
+    (out / HEADS_CONFIG).write_text(json.dumps(base.architecture(), indent=2) + "\n")
+    (out / "provenance.json").write_text(json.dumps(provenance, indent=2) + "\n")
+    (out / "README.md").write_text(  # replaces PEFT's generic model card
+        "# Medusa heads (PEFT adapter)\n\nLoad with `drafters.medusa.MedusaDrafter(heads=<this dir>)` "
+        "or `load_heads(<this dir>, target.lm_head.weight)`; made by "
+        f"`{provenance.get('command', 'specdraft-train-medusa')}` (details in provenance.json).\n"
+    )
+
+
+def resolve_heads_dir(heads: str | Path) -> Path:
+    """An adapter directory, or a target alias whose shipped heads live in specdraft/artifacts."""
+    path = Path(heads).expanduser()
+    if not path.is_dir():
+        path = ARTIFACTS / str(heads) / "medusa"
+    if not (path / HEADS_CONFIG).is_file() or not (path / "adapter_config.json").is_file():
+        raise ValueError(
+            f"no Medusa heads at {str(heads)!r}: pass a directory written by specdraft-train-medusa "
+            "(adapter_config.json + medusa_config.json) or a target alias with shipped heads "
+            "(e.g. 'smollm2-135m')."
+        )
+    return path
+
+
+def load_heads(heads: str | Path, lm_head_weight: Tensor) -> MedusaHeads:
+    """Rebuild MedusaHeads on the target's lm_head and load a saved PEFT adapter into them,
+    merged into plain modules (the shared projection's LoRA delta stays a separate low-rank term)."""
+    from peft import PeftModel
+
+    path = resolve_heads_dir(heads)
+    arch = json.loads((path / HEADS_CONFIG).read_text())
+    base = MedusaHeads(lm_head_weight, **arch)
+    peft_model = PeftModel.from_pretrained(base, str(path))
+    peft_model.eval()
+    return peft_model
+
+
+class CompiledHeads:
+    """Fast form of a (PEFT-wrapped) MedusaHeads: one shared-projection matmul for all heads,
+    optionally restricted to a pruned vocabulary (rows of the projection).
+
+    Holds the live modules and parameters (no copies, gradients flow: training uses it too):
+    blocks, per-head LoRA factors A [r, H], B [V, r] with their scaling, and the projection
+    weight(s). logits_k = W[rows] h_k + s_k * B_k[rows] (A_k h_k).
+    rows: [M] target token ids to project onto (None = the whole vocabulary).
+    """
+
+    def __init__(self, model: nn.Module, rows: Tensor | None = None) -> None:
+        base: MedusaHeads = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self.blocks = [self._active(b) for b in base.blocks]
+        self.weights: list[Tensor] = []
+        self.lora: list[tuple[Tensor, Tensor, float] | None] = []
+        for proj in base.lm_heads:
+            layer = self._active(proj)
+            base_layer = getattr(layer, "base_layer", layer)
+            self.weights.append(base_layer.weight)
+            self.lora.append(_lora_factors(layer))
+        self.shared = all(w.data_ptr() == self.weights[0].data_ptr() for w in self.weights)
+        self.rows = rows
+        # the frozen shared projection restricted to the pruned rows, gathered once
+        self._shared_rows = (
+            self.weights[0].detach()[rows].contiguous() if self.shared and rows is not None else None
+        )
+
+    def truncate(self, num_heads: int) -> None:
+        """Use only the first num_heads heads."""
+        self.blocks, self.weights, self.lora = (
+            self.blocks[:num_heads], self.weights[:num_heads], self.lora[:num_heads])
+
+    @staticmethod
+    def _active(module: nn.Module) -> nn.Module:
+        """The trained copy of a PEFT `modules_to_save` wrapper, or the module itself."""
+        saved = getattr(module, "modules_to_save", None)
+        if isinstance(saved, nn.ModuleDict) and len(saved) > 0:
+            return saved[next(iter(saved.keys()))]
+        return module
+
+    def __call__(self, hidden: Tensor) -> Tensor:
+        """hidden [B, H] -> logits [B, K, M] over `rows` (or [B, K, V]); differentiable."""
+        h = torch.stack([blk(hidden) for blk in self.blocks], dim=1)  # [B, K, H]
+        rows = self.rows
+        if self.shared:
+            w = self._shared_rows if self._shared_rows is not None else self.weights[0].detach()
+            out = F.linear(h, w)  # [B, K, M] one matmul for every head
+        else:
+            out = torch.stack(
+                [F.linear(h[:, k], w if rows is None else w[rows]) for k, w in enumerate(self.weights)],
+                dim=1,
+            )
+        deltas = []
+        for k, factors in enumerate(self.lora):
+            if factors is None:
+                deltas.append(torch.zeros_like(out[:, k]))
+                continue
+            a, b, s = factors
+            deltas.append(s * F.linear(F.linear(h[:, k], a), b if rows is None else b[rows]))  # [B, M]
+        return out + torch.stack(deltas, dim=1)
+
+    @torch.inference_mode()
+    def logits(self, hidden: Tensor) -> Tensor:
+        """hidden [B, H] -> logits [B, K, M] (float32), no autograd."""
+        return self(hidden).float()
+
+
+def _lora_factors(layer: nn.Module) -> tuple[Tensor, Tensor, float] | None:
+    """(A [r, H], B [V, r], scaling) of a PEFT LoRA Linear's active adapter, or None."""
+    lora_a = getattr(layer, "lora_A", None)
+    if not isinstance(lora_a, nn.ModuleDict) or len(lora_a) == 0:
+        return None
+    name = next(iter(lora_a.keys()))
+    return (
+        lora_a[name].weight,
+        layer.lora_B[name].weight,
+        float(layer.scaling[name]),
+    )
+
+
+class MedusaDrafter:
+    """Medusa drafter. `specdraft-generate drafter=medusa` (shipped heads for smollm2-135m).
+
+    heads: adapter directory written by specdraft-train-medusa, or a target alias with shipped
+        heads ("smollm2-135m"); None builds fresh heads (zero blocks, no LoRA: every head then
+        proposes the target's own next-token guess, useful only for tests).
+    num_heads: use the first K heads (None = all that were trained; a fresh set has 3).
+    tree: None for a chain, "auto" for the tree chosen from the accuracies saved with the heads,
+        or an explicit list of paths (lists of top-k ranks, e.g. [[0], [1], [0, 0]]). Trees are
+        used at temperature 0 only (see the module docstring).
+    pruned_vocab: project onto the pruned vocabulary saved with the heads (vocab.json, the one
+        they were trained on; `specdraft.vocab`), ~6x cheaper than the full lm_head. Tokens
+        outside it are never proposed; verification stays exact either way.
+    """
+
+    needs_target_hidden: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        heads: str | None = "smollm2-135m",
+        num_heads: int | None = None,
+        tree: str | Sequence[Sequence[int]] | None = None,
+        pruned_vocab: bool = True,
+    ) -> None:
+        self.heads_source = heads
+        self.pruned_vocab = pruned_vocab
+        self.rows: Tensor | None = None  # [M] target ids the heads project onto (None = all)
+        self.num_heads = num_heads
+        self.tree_spec = tree
+        self.model: nn.Module | None = None
+        self._compiled: CompiledHeads | None = None
+        self.paths: list[tuple[int, ...]] | None = None
+
+    # ------------------------------------------------------------------ protocol
+    def bind(self, target: TargetModel) -> None:
+        """Load the heads onto the target's lm_head (heads attached in memory are kept)."""
+        weight = target.lm_head.weight
+        if self._compiled is not None and self._compiled.weights[0] is weight:
+            return  # already on this target's lm_head (loaded before, or attached in memory)
+        if self.heads_source is None:
+            model: nn.Module = MedusaHeads(weight, num_heads=self.num_heads or 3)
+        else:
+            model = load_heads(self.heads_source, weight)
+        self.attach(model)
+
+    def attach(self, model: nn.Module, rows: Tensor | None = None) -> None:
+        """Use an in-memory (optionally PEFT-wrapped) MedusaHeads, e.g. fresh from training.
+
+        rows: [M] pruned vocabulary (target ids) to project onto; by default the heads
+        directory's vocab.json when pruned_vocab is on.
+        """
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        available = base.num_heads
+        k = self.num_heads or available
+        if not 1 <= k <= available:
+            raise ValueError(f"num_heads must be in [1, {available}] for these heads, got {k}.")
+        self.model = model.eval()
+        heads_dir = None
+        if self.heads_source is not None:
+            heads_dir = resolve_heads_dir(self.heads_source)
+        self.rows = rows
+        if rows is None and self.pruned_vocab and heads_dir is not None and (heads_dir / VOCAB_FILE).is_file():
+            from specdraft.vocab import PrunedVocab
+
+            self.rows = PrunedVocab.load(heads_dir / VOCAB_FILE).ids.to(base.lm_heads[0].weight.device)
+        self._compiled = CompiledHeads(model, self.rows)
+        self._compiled.truncate(k)
+        self.paths = load_tree(self.tree_spec, heads_dir, max_depth=k)
+
+    def reset(self) -> None:
+        """No per-prompt state: the heads only read the target's hidden state."""
+
+    def commit(self, ctx: DraftContext, num_accepted: int) -> None:
+        """Nothing to roll back."""
+
+    def head_logits(self, hidden: Tensor) -> Tensor:
+        """hidden [B, H] -> logits [B, K, M] of the heads in use (M = len(rows) or V)."""
+        if self._compiled is None:
+            raise ValueError("MedusaDrafter is not bound to a target; call bind(target) first.")
+        return self._compiled.logits(hidden)
+
+    @torch.inference_mode()
+    def propose(self, ctx: DraftContext, num_tokens: int) -> Draft:
+        hidden = ctx.target_hidden  # [B, H] or None
+        empty = torch.empty((ctx.token_ids.shape[0], 0), dtype=torch.long, device=ctx.token_ids.device)
+        if hidden is None or num_tokens <= 0:
+            return Draft(token_ids=empty)
+        if hidden.shape[0] != 1:
+            raise NotImplementedError("MedusaDrafter supports batch size 1.")
+        logits = self.head_logits(hidden)  # [1, K, M]
+        if ctx.sampling.greedy and self.paths:
+            return tree_draft(self.paths, logits[0], num_tokens, self.rows)
+        logits = logits[:, :num_tokens]  # [1, K', M]
+        if ctx.sampling.greedy:
+            return Draft(token_ids=self._to_target(logits.argmax(dim=-1)))
+        q = warp(logits, ctx.sampling)  # [1, K', M]
+        tokens = self._to_target(sample(q, ctx.generator).to(logits.device))  # [1, K']
+        if self.rows is not None:  # q over the target's ids: zero outside the pruned vocabulary
+            q = q.new_zeros(q.shape[:-1] + (self.model_vocab,)).index_copy_(-1, self.rows, q)
+        return Draft(token_ids=tokens, probs=q)
+
+    @property
+    def model_vocab(self) -> int:
+        """V, the target's vocabulary size."""
+        assert self._compiled is not None
+        return int(self._compiled.weights[0].shape[0])
+
+    def _to_target(self, index: Tensor) -> Tensor:
+        """Indices into the projected rows -> target token ids."""
+        return index if self.rows is None else self.rows[index]

@@ -1,0 +1,317 @@
+"""Exit-adapter training for early-exit self-drafting (`specdraft-train-early-exit`).
+
+The draft of `drafters.early_exit.EarlyExitDrafter` is the target's own first E layers followed by
+the target's final norm and lm_head. Untrained, that exit rarely agrees with the full model (2.4 %
+top-1 after layer 6 of SmolLM2-135M), so a small residual MLP (`ExitAdapter`, zero-initialised:
+it starts as the identity) is trained on layer E's hidden state to imitate the final layer's
+distribution (cross-entropy to the teacher's top-k distribution).
+
+Teacher outputs are expensive (a full forward per token) and the adapter is cheap, so the recipe
+precomputes once and caches on disk: layer-E hidden states [N, H] (float16) and the teacher's
+top-k logits/ids [N, k]; training then only runs adapter + norm + lm_head. Every phase is
+resumable (cache shards, training checkpoints), so a killed background job loses little.
+
+    specdraft-train-early-exit exit_layer=6 sources=[selfgen] train_tokens=32768 steps=2000 \
+        draft_vocab=specdraft/artifacts/smollm2-135m/medusa/vocab.json out_dir=specdraft/artifacts/smollm2-135m/early_exit
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from specdraft.target import TargetModel
+from specdraft.vocab import PrunedVocab
+
+log = logging.getLogger(__name__)
+
+ADAPTER_FILE = "adapter.safetensors"
+CONFIG_FILE = "adapter_config.json"
+VOCAB_FILE = "draft_vocab.json"  # present when the adapter was trained on a pruned draft vocabulary
+
+
+# ------------------------------------------------------------------------------------- the adapter
+class ExitAdapter(nn.Module):
+    """Residual MLP blocks on the exit layer's hidden state: h + W2 silu(W1 rmsnorm(h)), repeated.
+
+    W2 starts at zero, so an untrained adapter is exactly the identity (the plain early exit).
+    """
+
+    def __init__(self, hidden_size: int, width: int, num_blocks: int = 1, eps: float = 1e-5) -> None:
+        super().__init__()
+        if hidden_size <= 0 or width <= 0 or num_blocks <= 0:
+            raise ValueError(
+                f"ExitAdapter needs positive hidden_size, width and num_blocks, got "
+                f"{hidden_size}, {width}, {num_blocks}."
+            )
+        self.hidden_size, self.width, self.num_blocks, self.eps = hidden_size, width, num_blocks, eps
+        self.norms = nn.ParameterList([nn.Parameter(torch.ones(hidden_size)) for _ in range(num_blocks)])
+        self.up = nn.ModuleList([nn.Linear(hidden_size, width, bias=False) for _ in range(num_blocks)])
+        self.down = nn.ModuleList([nn.Linear(width, hidden_size, bias=False) for _ in range(num_blocks)])
+        for down in self.down:
+            nn.init.zeros_(down.weight)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        """hidden [..., H] -> [..., H] (same dtype)."""
+        for norm, up, down in zip(self.norms, self.up, self.down):
+            x = hidden.float()
+            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * norm
+            hidden = hidden + down(nn.functional.silu(up(x.to(hidden.dtype))))
+        return hidden
+
+    def spec(self) -> dict:
+        """Constructor arguments (saved next to the weights)."""
+        return {"hidden_size": self.hidden_size, "width": self.width,
+                "num_blocks": self.num_blocks, "eps": self.eps}
+
+
+def save_adapter(adapter: ExitAdapter, directory: str | Path, metadata: dict) -> Path:
+    """Write adapter.safetensors + adapter_config.json (spec + how it was made) into directory."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().cpu() for k, v in adapter.state_dict().items()}
+    save_file(state, str(out / ADAPTER_FILE))
+    (out / CONFIG_FILE).write_text(json.dumps({"adapter": adapter.spec(), **metadata}, indent=2) + "\n")
+    return out
+
+
+def load_adapter(directory: str | Path) -> tuple[ExitAdapter, dict]:
+    """Load an adapter directory written by `save_adapter`; returns (adapter, its JSON metadata)."""
+    path = Path(directory)
+    if not (path / ADAPTER_FILE).is_file() or not (path / CONFIG_FILE).is_file():
+        raise ValueError(
+            f"{str(path)!r} is not an exit-adapter directory (needs {ADAPTER_FILE} and "
+            f"{CONFIG_FILE}); train one with `specdraft-train-early-exit`."
+        )
+    meta = json.loads((path / CONFIG_FILE).read_text())
+    adapter = ExitAdapter(**meta["adapter"])
+    adapter.load_state_dict(load_file(str(path / ADAPTER_FILE)))
+    return adapter.eval(), meta
+
+
+def exit_logits(
+    target: TargetModel, hidden: Tensor, adapter: nn.Module | None = None, head: Tensor | None = None
+) -> Tensor:
+    """Logits [..., V] of the early exit: (adapter) -> target's final norm -> target's lm_head, or
+    [..., M] onto the rows `head` [M, H] of a pruned draft vocabulary."""
+    if adapter is not None:
+        hidden = adapter(hidden)
+    hidden = target.decoder.norm(hidden)
+    return (target.lm_head(hidden) if head is None else hidden @ head.T).float()
+
+
+# ------------------------------------------------------------------------------ teacher cache
+@torch.inference_mode()
+def precompute_teacher(
+    target: TargetModel, blocks: Tensor, exit_layer: int, top_k: int, out_dir: Path, shard_blocks: int = 4
+) -> dict[str, Tensor]:
+    """Layer-`exit_layer` hidden states and the final layer's top-k logits for every token of
+    blocks [N, T]; cached as resumable shards in out_dir. Returns hidden [M, H] float16,
+    top_logits [M, k] float16, top_ids [M, k] int64 (M = N * T)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    parts: list[dict[str, Tensor]] = []
+    for start in range(0, blocks.shape[0], shard_blocks):
+        shard = out_dir / f"shard_{start:06d}_{shard_blocks}.safetensors"
+        if not shard.is_file():
+            ids = blocks[start : start + shard_blocks].to(target.device)  # [b, T]
+            out = target.model(ids, output_hidden_states=True)
+            hidden = out.hidden_states[exit_layer].flatten(0, 1)  # [b*T, H] output of layer E
+            values, idx = out.logits.float().flatten(0, 1).topk(top_k, dim=-1)  # [b*T, k]
+            tmp = shard.with_suffix(".tmp")
+            save_file({"hidden": hidden.half().cpu().contiguous(),
+                       "top_logits": values.half().cpu().contiguous(),
+                       "top_ids": idx.to(torch.int32).cpu().contiguous()}, str(tmp))
+            tmp.rename(shard)
+            log.info("teacher cache %s: %d/%d blocks", out_dir.name, start + ids.shape[0], blocks.shape[0])
+        parts.append(load_file(str(shard)))
+    return {k: torch.cat([p[k] for p in parts]) for k in ("hidden", "top_logits", "top_ids")}
+
+
+# ----------------------------------------------------------------------------------- training
+def distill_loss(logits: Tensor, top_logits: Tensor, top_ids: Tensor) -> Tensor:
+    """Cross-entropy of the student logits [N, V] to the teacher's top-k distribution
+    (softmax over its top-k logits [N, k] at ids [N, k]); equals KL up to the teacher's entropy.
+    Ids < 0 (outside a pruned vocabulary) are left out of the teacher distribution; rows with no
+    id left are skipped."""
+    valid = top_ids >= 0  # [N, k]
+    rows = valid.any(-1)  # [N]
+    teacher = torch.softmax(top_logits.float().masked_fill(~valid, float("-inf")), dim=-1)[rows]  # [n, k]
+    logq = torch.log_softmax(logits[rows], dim=-1).gather(-1, top_ids[rows].clamp(min=0).long())  # [n, k]
+    return -(teacher * logq).sum(-1).mean()
+
+
+@torch.no_grad()
+def agreement(
+    target: TargetModel, adapter: nn.Module | None, data: dict[str, Tensor], batch: int = 512,
+    vocab: PrunedVocab | None = None,
+) -> dict[str, float]:
+    """Top-1 agreement (exit argmax == final argmax) and top-5 (final argmax in the exit's top 5),
+    the exit projecting onto the full vocabulary or onto `vocab` only."""
+    top1 = top5 = 0
+    n = data["hidden"].shape[0]
+    head = None if vocab is None else vocab.head(target.lm_head.weight)  # [M, H]
+    for s in range(0, n, batch):
+        h = data["hidden"][s : s + batch].float().to(target.device)  # [b, H]
+        want = data["top_ids"][s : s + batch, 0].long().to(target.device)  # [b]
+        pred = exit_logits(target, h, adapter, head).topk(5, dim=-1).indices  # [b, 5]
+        if vocab is not None:
+            pred = vocab.to_target(pred)
+        top1 += int((pred[:, 0] == want).sum())
+        top5 += int((pred == want[:, None]).any(-1).sum())
+    return {"top1": top1 / max(n, 1), "top5": top5 / max(n, 1), "tokens": n}
+
+
+def train_adapter(
+    target: TargetModel,
+    adapter: ExitAdapter,
+    train: dict[str, Tensor],
+    steps: int,
+    batch_tokens: int,
+    lr: float,
+    seed: int = 0,
+    max_seconds: float | None = None,
+    checkpoint: Path | None = None,
+    checkpoint_every: int = 100,
+    log_every: int = 50,
+    vocab: PrunedVocab | None = None,
+) -> list[float]:
+    """AdamW on `distill_loss` with cosine decay over steps or over max_seconds, whichever runs
+    out first (on a shared CPU the time budget usually does); the target stays frozen. Resumes
+    from (and writes) `checkpoint` (adapter + optimizer + step). With `vocab` the student projects
+    onto that subset only (V / M times cheaper). Returns the loss of every step."""
+    for p in target.model.parameters():
+        p.requires_grad_(False)
+    opt = torch.optim.AdamW(adapter.parameters(), lr=lr, weight_decay=0.0)
+    step = 0
+    if checkpoint is not None and checkpoint.is_file():
+        state = torch.load(checkpoint, weights_only=True)
+        adapter.load_state_dict(state["adapter"])
+        opt.load_state_dict(state["optimizer"])
+        step = int(state["step"])
+        log.info("resumed from %s at step %d", checkpoint, step)
+    gen = torch.Generator().manual_seed(seed + step)
+    n = train["hidden"].shape[0]
+    head = None if vocab is None else vocab.head(target.lm_head.weight)  # [M, H]
+    losses: list[float] = []
+    t0 = time.monotonic()
+    adapter.train()
+    while step < steps:
+        progress = step / steps
+        if max_seconds:
+            progress = max(progress, (time.monotonic() - t0) / max_seconds)
+        for group in opt.param_groups:
+            group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+        idx = torch.randint(0, n, (batch_tokens,), generator=gen)
+        h = train["hidden"][idx].float().to(target.device)  # [b, H]
+        ids = train["top_ids"][idx].long().to(target.device)  # [b, k]
+        if vocab is not None:
+            ids = vocab.to_subset(ids)  # -1 outside the subset
+        loss = distill_loss(exit_logits(target, h, adapter, head), train["top_logits"][idx].to(target.device), ids)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        step += 1
+        losses.append(float(loss.detach()))
+        if step % log_every == 0:
+            log.info("step %d/%d loss %.4f (%.0f s)", step, steps, sum(losses[-log_every:]) / log_every,
+                     time.monotonic() - t0)
+        out_of_time = max_seconds is not None and time.monotonic() - t0 > max_seconds
+        if checkpoint is not None and (step % checkpoint_every == 0 or step == steps or out_of_time):
+            tmp = checkpoint.with_suffix(".tmp")
+            torch.save({"adapter": adapter.state_dict(), "optimizer": opt.state_dict(), "step": step}, tmp)
+            tmp.rename(checkpoint)
+        if out_of_time:
+            log.info("time budget reached at step %d", step)
+            break
+    adapter.eval()
+    return losses
+
+
+def _load_blocks(cfg, target: TargetModel, split: str, max_tokens: int) -> Tensor:  # noqa: ANN001
+    """Token blocks [N, block_size] of one split: "selfgen" (the target's own answers, exact ids,
+    specdraft.train.selfgen) first, then the specdraft.data corpus sources."""
+    from specdraft.data import corpus_documents, token_blocks
+
+    corpus = [s for s in cfg.sources if s != "selfgen"]
+    parts: list[Tensor] = []
+    if "selfgen" in cfg.sources:
+        from specdraft.train.selfgen import load_selfgen_sequences
+
+        parts += [ids for ids, _ in load_selfgen_sequences(split)]
+    if corpus:
+        docs = corpus_documents(split, sources=corpus)
+        parts.append(token_blocks(target.tokenizer, docs, cfg.block_size, max_tokens=max_tokens).flatten())
+    ids = torch.cat(parts)[:max_tokens]  # [T]
+    n = ids.numel() // cfg.block_size
+    if n == 0:
+        raise ValueError(f"the {split} data has {ids.numel()} tokens, fewer than one block of {cfg.block_size}.")
+    return ids[: n * cfg.block_size].view(n, cfg.block_size)
+
+
+def run(cfg) -> dict:  # noqa: ANN001 - an OmegaConf DictConfig
+    """The whole recipe from a config (see conf/train_early_exit.yaml); returns the eval metrics."""
+    from hydra.utils import instantiate
+
+    torch.manual_seed(cfg.seed)
+    target: TargetModel = instantiate(cfg.target)
+    layers = target.num_layers
+    if not 1 <= cfg.exit_layer < layers:
+        raise ValueError(f"exit_layer must be in [1, {layers - 1}] for this target, got {cfg.exit_layer}.")
+    sources = "" if list(cfg.sources) == ["stdlib", "pydoc"] else "_" + "+".join(cfg.sources)
+    cache_root = Path(cfg.cache_dir).expanduser() / (
+        f"{cfg.cache_name}{sources}_E{cfg.exit_layer}_T{cfg.block_size}_k{cfg.top_k}"
+    )  # shards are blocks of the same token stream: a larger train_tokens reuses them
+    train_blocks = _load_blocks(cfg, target, "train", cfg.train_tokens)
+    eval_blocks = _load_blocks(cfg, target, "eval", cfg.eval_tokens)
+    train = precompute_teacher(target, train_blocks, cfg.exit_layer, cfg.top_k, cache_root / "train")
+    held = precompute_teacher(target, eval_blocks, cfg.exit_layer, cfg.top_k, cache_root / "eval")
+    vocab = PrunedVocab.load(cfg.draft_vocab) if cfg.draft_vocab else None
+    before = agreement(target, None, held, vocab=vocab)
+    log.info("untrained exit after layer %d: %s", cfg.exit_layer, before)
+
+    adapter = ExitAdapter(target.hidden_size, cfg.adapter.width, cfg.adapter.num_blocks)
+    ckpt = None
+    if cfg.checkpoint:  # outside out_dir: the artifact directory holds only the adapter
+        tag = f"w{cfg.adapter.width}_b{cfg.adapter.num_blocks}_s{cfg.steps}_v{vocab.size if vocab else 0}"
+        ckpt = cache_root / f"checkpoint_{tag}.pt"
+    losses = train_adapter(target, adapter, train, cfg.steps, cfg.batch_tokens, cfg.lr, cfg.seed,
+                           max_seconds=60 * cfg.train_minutes if cfg.train_minutes else None,
+                           checkpoint=ckpt, log_every=cfg.log_every, vocab=vocab)
+    after = agreement(target, adapter, held, vocab=vocab)
+    log.info("trained exit after layer %d: %s", cfg.exit_layer, after)
+    metrics = {"untrained": before, "trained": after,
+               "trained_full_vocab": agreement(target, adapter, held) if vocab is not None else after,
+               "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None}
+    meta = {"exit_layer": int(cfg.exit_layer), "target": str(cfg.target.get("name_or_path", "")),
+            "command": "specdraft-train-early-exit " + " ".join(sys.argv[1:]),
+            "train_tokens": int(train["hidden"].shape[0]), "eval": metrics,
+            "steps": int(cfg.steps), "batch_tokens": int(cfg.batch_tokens), "lr": float(cfg.lr)}
+    save_adapter(adapter, cfg.out_dir, meta)
+    if vocab is not None:
+        vocab.save(Path(cfg.out_dir) / VOCAB_FILE)
+    log.info("saved adapter to %s", cfg.out_dir)
+    return metrics
+
+
+def main() -> None:
+    """Hydra entry point: `specdraft-train-early-exit exit_layer=6 train_minutes=60`."""
+    import hydra
+
+    @hydra.main(version_base="1.3", config_path="pkg://conf", config_name="train_early_exit")
+    def _main(cfg) -> None:  # noqa: ANN001
+        torch.set_num_threads(int(cfg.threads))
+        print(json.dumps(run(cfg), indent=2))
+
+    _main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""specdraft-export-medusa: write trained Medusa heads in the layouts other engines load.
+
+The LoRA deltas are merged into full per-head projections (W + (alpha/r) B A), because neither
+engine knows about a shared lm_head plus low-rank deltas.
+
+--format vllm (default): a directory vLLM's Medusa speculative model loads:
+    config.json        model_type "medusa", architectures ["MedusaModel"], hidden_size,
+                       vocab_size, num_heads, num_hidden_layers (ResBlocks per head), max_paths,
+                       topk, truncated_vocab_size, original_lm_head, medusa_fc_bias
+    model.safetensors  blocks.{i}.layers.{j}.weight [H, H], blocks.{i}.layers.{j}.bias [H],
+                       lm_heads.{i}.weight [V, H]
+  Layout per vLLM's vllm/model_executor/models/medusa.py (ResidualBlock.layers, Medusa.blocks,
+  Medusa.lm_heads; `medusa_fc_bias` switches the block biases on) and config class
+  vllm/transformers_utils/configs/medusa.py (MedusaConfig). NOTE: these names were written from
+  memory of those files (no network here), not verified against the source.
+--format medusa: the FasterDecoding/Medusa head file medusa_lm_head.safetensors with keys
+    {i}.{j}.linear.weight / .bias and {i}.{num_layers}.weight (its nn.Sequential of ResBlocks then
+    the Linear), plus a config.json with medusa_num_heads / medusa_num_layers.
+
+    specdraft-export-medusa --format vllm --heads smollm2-135m --out outputs/medusa_vllm
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import Tensor, nn
+
+from drafters.medusa import CompiledHeads, load_heads
+
+FORMATS = ("vllm", "medusa")
+
+
+@torch.no_grad()
+def _linear_weights(linear: nn.Module) -> tuple[Tensor, Tensor]:
+    """(weight [out, in], bias [out]) of a Linear, with any PEFT LoRA delta merged in."""
+    base = getattr(linear, "base_layer", linear)
+    weight = base.weight.detach().clone()
+    lora_a = getattr(linear, "lora_A", None)
+    if isinstance(lora_a, nn.ModuleDict) and len(lora_a) > 0:
+        name = next(iter(lora_a.keys()))
+        weight += float(linear.scaling[name]) * linear.lora_B[name].weight @ lora_a[name].weight
+    return weight, base.bias.detach().clone()
+
+
+@torch.no_grad()
+def merged_heads(model: nn.Module) -> tuple[list[list[tuple[Tensor, Tensor]]], list[Tensor]]:
+    """Per head: the ResBlocks' (weight, bias) and the merged projection [V, H]."""
+    compiled = CompiledHeads(model)
+    blocks = [[_linear_weights(res.linear) for res in head] for head in compiled.blocks]
+    projections = []
+    for w, factors in zip(compiled.weights, compiled.lora):
+        merged = w.clone()
+        if factors is not None:
+            a, b, s = factors
+            merged += s * b @ a  # [V, H]
+        projections.append(merged)
+    return blocks, projections
+
+
+def export(model: nn.Module, out_dir: str | Path, fmt: str = "vllm",
+           dtype: torch.dtype = torch.float32, topk: int = 10, max_paths: int = 64) -> Path:
+    """Write the heads of `model` (PEFT-wrapped or plain MedusaHeads) in format `fmt`."""
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}.")
+    blocks, projections = merged_heads(model)
+    num_heads, num_layers = len(blocks), len(blocks[0])
+    vocab, hidden = projections[0].shape
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, Tensor] = {}
+    for i, (head, proj) in enumerate(zip(blocks, projections)):
+        for j, (w, b) in enumerate(head):
+            key = f"blocks.{i}.layers.{j}" if fmt == "vllm" else f"{i}.{j}.linear"
+            tensors[f"{key}.weight"] = w.to(dtype).contiguous()
+            tensors[f"{key}.bias"] = b.to(dtype).contiguous()
+        key = f"lm_heads.{i}" if fmt == "vllm" else f"{i}.{num_layers}"
+        tensors[f"{key}.weight"] = proj.to(dtype).contiguous()
+    if fmt == "vllm":
+        config = {
+            "model_type": "medusa",
+            "architectures": ["MedusaModel"],
+            "hidden_size": hidden,
+            "vocab_size": vocab,
+            "num_heads": num_heads,
+            "num_hidden_layers": num_layers,
+            "max_paths": max_paths,
+            "topk": topk,
+            "truncated_vocab_size": vocab,
+            "original_lm_head": False,
+            "medusa_fc_bias": True,
+            "torch_dtype": str(dtype).removeprefix("torch."),
+        }
+        save_file(tensors, str(out / "model.safetensors"))
+    else:
+        config = {"medusa_num_heads": num_heads, "medusa_num_layers": num_layers,
+                  "hidden_size": hidden, "vocab_size": vocab}
+        save_file(tensors, str(out / "medusa_lm_head.safetensors"))
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out
+
+
+def main() -> None:
+    """`specdraft-export-medusa --format vllm --heads DIR|ALIAS --out DIR`."""
+    ap = argparse.ArgumentParser(description="Export Medusa heads to vLLM / FasterDecoding layout.")
+    ap.add_argument("--format", choices=FORMATS, default="vllm")
+    ap.add_argument("--heads", default="smollm2-135m", help="adapter directory or target alias")
+    ap.add_argument("--target", default="smollm2-135m", help="the target whose lm_head the heads use")
+    ap.add_argument("--out", required=True, help="output directory")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
+    args = ap.parse_args()
+    from specdraft.models import load_model
+
+    lm_head = load_model(args.target, device="cpu").get_output_embeddings()
+    model = load_heads(args.heads, lm_head.weight)
+    path = export(model, args.out, args.format, getattr(torch, args.dtype))
+    print(f"wrote {args.format} Medusa heads to {path}")
+
+
+if __name__ == "__main__":
+    main()

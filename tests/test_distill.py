@@ -1,0 +1,140 @@
+"""The distillation recipe end to end on a tiny random target, its pieces, and self-generated data."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from specdraft.models import tiny_random_target
+from specdraft.target import TargetModel
+from specdraft.train.distill import (
+    build_student,
+    distill_loss,
+    load_draft_artifact,
+    lr_at,
+    run,
+    TrainSettings,
+)
+from specdraft.train.distill import selfgen_examples
+from specdraft.train.selfgen import build_prompts, generate_batch, load_selfgen_records
+
+
+def tiny_cfg(out: Path, steps: int) -> dict:
+    return {
+        "target": "tiny", "out_dir": str(out), "export_dir": str(out / "artifact"), "seed": 0,
+        "threads": 1, "log": False,
+        "student": {"init_candidates": [[0], [2]]},
+        "vocab": {"size": 48},
+        "data": {"selfgen": False, "corpus_tokens": 0, "top_k": 8, "max_len": 64},
+        "train": {"steps": steps, "batch_tokens": 256, "lr": 3e-3, "warmup": 2, "eval_every": 10, "ckpt_every": 5},
+    }
+
+
+@pytest.fixture(scope="module")
+def target_and_data() -> tuple[TargetModel, dict]:
+    target = tiny_random_target(vocab_size=64, seed=1, num_layers=3)
+    starts = torch.arange(24)[:, None]  # [24, 1]
+    with torch.inference_mode():  # the target's own greedy text, one batched call
+        seqs = target.model.generate(starts, max_new_tokens=31, min_new_tokens=31, do_sample=False, pad_token_id=0)
+    return target, {"train": seqs[:20], "eval": seqs[20:]}
+
+
+def test_recipe_runs_loss_goes_down_and_checkpoint_loads(target_and_data: tuple, tmp_path: Path) -> None:
+    target, seqs = target_and_data
+    cfg = tiny_cfg(tmp_path, steps=30)
+    cfg["data"]["sequences"] = [seqs]
+    summary = run(cfg, target=target)
+    losses = [h["loss"] for h in torch.load(tmp_path / "ckpt.pt", weights_only=False)["history"] if "loss" in h]
+    assert len(losses) == 30
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5
+    first, last = summary["history"][0]["sequences"], summary["held_out"]["sequences"]
+    assert last["expected_acceptance"] >= first["expected_acceptance"] - 0.02
+    assert 0.0 <= last["greedy_agreement"] <= 1.0
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    assert hf.config.num_hidden_layers == 1
+    draft, vocab = load_draft_artifact(tmp_path / "artifact", target.model)
+    assert vocab.size == 48 and draft.config.num_hidden_layers == 1
+    meta = json.loads((tmp_path / "artifact" / "draft.json").read_text())
+    assert meta["layer_ids"] in ([0], [2]) and len(meta["init_candidates"]) == 2
+    # only new weights are exported: no embeddings / lm_head
+    from safetensors.torch import load_file
+
+    assert not any("embed" in k or "lm_head" in k for k in load_file(tmp_path / "artifact" / "draft.safetensors"))
+
+
+def test_recipe_resumes_from_checkpoint(target_and_data: tuple, tmp_path: Path) -> None:
+    target, seqs = target_and_data
+    cfg = tiny_cfg(tmp_path, steps=5)
+    cfg["data"]["sequences"] = [seqs]
+    run(cfg, target=target)
+    cfg["train"]["steps"] = 8
+    run(cfg, target=target)
+    history = torch.load(tmp_path / "ckpt.pt", weights_only=False)["history"]
+    assert [h["step"] for h in history if "loss" in h] == list(range(1, 9))
+
+
+def test_recipe_without_data_is_a_clear_error(target_and_data: tuple, tmp_path: Path) -> None:
+    target, _ = target_and_data
+    with pytest.raises(ValueError, match="no training"):
+        run(tiny_cfg(tmp_path, steps=1), target=target)
+
+
+def test_distill_loss_is_cross_entropy_on_the_subset() -> None:
+    student = torch.tensor([[2.0, 0.0, -1.0]])  # [N=1, M=3]
+    teacher = torch.tensor([[1.0, 1.0]])  # top-2 logits, equal
+    subs = torch.tensor([[0, -1]])  # second teacher token is outside the subset
+    expected = -0.5 * torch.log_softmax(student, -1)[0, 0]
+    torch.testing.assert_close(distill_loss(student, teacher, subs), expected)
+
+
+def test_student_copies_target_layers(target_and_data: tuple) -> None:
+    target, _ = target_and_data
+    student = build_student(target.model, [2])
+    torch.testing.assert_close(
+        student.model.layers[0].mlp.up_proj.weight, target.model.model.layers[2].mlp.up_proj.weight
+    )
+    assert student.model.embed_tokens.weight is target.model.model.embed_tokens.weight
+    with pytest.raises(ValueError, match="layer ids"):
+        build_student(target.model, [5])
+
+
+def test_lr_schedule_warms_up_and_anneals() -> None:
+    s = TrainSettings(steps=100, lr=1.0, warmup=10)
+    assert lr_at(0, s) == pytest.approx(0.1)
+    assert lr_at(10, s) == pytest.approx(1.0)
+    assert lr_at(100, s) == pytest.approx(0.1)
+    timed = TrainSettings(steps=10**6, lr=1.0, warmup=1, max_minutes=1.0)
+    assert lr_at(5, timed, elapsed_s=60.0) == pytest.approx(0.1)
+
+
+@pytest.mark.slow  # loads the default target's tokenizer (GGUF), ~10 s
+def test_selfgen_prompts_and_generation_capture_teacher_topk(tmp_path: Path) -> None:
+    prompts = build_prompts(40, seed=0)
+    assert len({p.id for p in prompts}) == 40
+    assert {p.kind for p in prompts} >= {"explain", "summarise"}
+    assert {p.split for p in build_prompts(400)} == {"train", "eval"}
+    target = tiny_random_target(vocab_size=49152, seed=0, tokenizer="smollm2-135m", hidden_size=16, num_layers=1)
+    rows = generate_batch(target.model, target.tokenizer, prompts[:2], max_new_tokens=5, top_k=4, eos_token_ids=[])
+    for r in rows:
+        assert len(r["completion_ids"]) == 5
+        # greedy: the generated token is the teacher's top-1 at every step
+        assert r["topk_indices"][:, 0].tolist() == r["completion_ids"]
+    path = tmp_path / "selfgen.jsonl"
+    path.write_text("".join(json.dumps({k: v for k, v in r.items() if not k.startswith("topk")}) + "\n" for r in rows))
+    torch.save({r["id"]: (r["topk_values"], r["topk_indices"]) for r in rows}, tmp_path / "topk-000000.pt")
+    recs = load_selfgen_records(rows[0]["split"], path)
+    examples, missing = selfgen_examples(recs, tmp_path, max_len=512)
+    assert not missing and len(examples) == len(recs)
+    ex = examples[0]
+    assert ex.ids[ex.positions + 1].tolist() == recs[0]["completion_ids"]
+
+
+def test_selfgen_loader_errors(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="split"):
+        load_selfgen_records("test")
+    with pytest.raises(ValueError, match="does not exist"):
+        load_selfgen_records("train", tmp_path / "none.jsonl")

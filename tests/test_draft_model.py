@@ -1,0 +1,196 @@
+"""DraftModelDrafter: greedy exactness, KV-cache rollback, statistical losslessness (full and
+pruned vocabulary), clear errors, the shipped artifact and the Hydra config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+from hydra.utils import instantiate
+from transformers import PreTrainedModel
+
+from drafters.draft_model import DraftModelDrafter, load_draft_hf_model
+from specdraft.decode import SpeculativeDecoder
+from specdraft.models import tiny_random_llama
+from specdraft.protocol import DraftContext
+from specdraft.sampling import SamplingConfig
+from specdraft.target import TargetModel
+from specdraft.train.distill import build_student, save_draft_artifact
+from specdraft.vocab import PrunedVocab
+from tests.helpers import exact_two_token_distribution, plain_greedy, pooled_chisquare, sample_two_tokens
+
+PROMPT = [1, 2, 3, 1, 2]
+
+
+def tiny_draft(seed: int = 7) -> torch.nn.Module:
+    return tiny_random_llama(vocab_size=16, seed=seed, init_std=0.3, num_layers=1)
+
+
+def subset() -> PrunedVocab:
+    return PrunedVocab(torch.tensor([0, 1, 2, 3, 5, 7, 8, 9, 11, 12, 14, 15]), 16)
+
+
+def ctx_of(ids: list[int], sampling: SamplingConfig = SamplingConfig()) -> DraftContext:
+    return DraftContext(torch.tensor([ids]), None, sampling, sampling.make_generator())
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("vocab", [None, "subset"])
+def test_greedy_matches_plain_greedy(tiny_target: TargetModel, k: int, vocab: str | None) -> None:
+    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=subset() if vocab else None)
+    dec = SpeculativeDecoder(tiny_target, drafter, k)
+    out = dec.generate(PROMPT, max_new_tokens=40, stop_token_ids=[])
+    assert out.token_ids[0].tolist() == plain_greedy(tiny_target, PROMPT, 40)
+
+
+def test_greedy_draft_equal_to_target_accepts_everything(tiny_target: TargetModel) -> None:
+    dec = SpeculativeDecoder(tiny_target, DraftModelDrafter(tiny_target.model, pruned_vocab=None), 4)
+    out = dec.generate(PROMPT, max_new_tokens=20, stop_token_ids=[])
+    assert out.token_ids[0].tolist() == plain_greedy(tiny_target, PROMPT, 20)
+    assert out.stats.acceptance_rate == 1.0
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=1.0, seed=3)])
+def test_rollback_leaves_no_stale_kv(tiny_target: TargetModel, sampling: SamplingConfig) -> None:
+    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=subset())
+    drafter.bind(tiny_target)
+    drafter.reset()
+    first = drafter.propose(ctx_of(PROMPT, sampling), 4).token_ids[0].tolist()
+    recovered = (first[1] + 1) % 16  # the target kept 1 draft token, then emitted another token
+    committed = PROMPT + first[:1] + [recovered]
+    drafter.commit(ctx_of(committed, sampling), 1)
+    again = drafter.propose(ctx_of(committed, sampling), 3)
+
+    fresh = DraftModelDrafter(tiny_draft(), pruned_vocab=subset())
+    fresh.bind(tiny_target)
+    ref = fresh.propose(ctx_of(committed, sampling), 3)
+    assert again.token_ids.tolist() == ref.token_ids.tolist()
+    torch.testing.assert_close(again.probs, ref.probs, atol=1e-5, rtol=1e-4)
+
+
+def test_full_acceptance_feeds_last_draft_and_bonus(tiny_target: TargetModel) -> None:
+    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=None)
+    drafter.bind(tiny_target)
+    first = drafter.propose(ctx_of(PROMPT), 3).token_ids[0].tolist()
+    committed = PROMPT + first + [4]  # all 3 accepted + a bonus token
+    drafter.commit(ctx_of(committed), 3)
+    again = drafter.propose(ctx_of(committed), 2)
+    fresh = DraftModelDrafter(tiny_draft(), pruned_vocab=None)
+    fresh.bind(tiny_target)
+    assert again.token_ids.tolist() == fresh.propose(ctx_of(committed), 2).token_ids.tolist()
+
+
+def test_pruned_q_is_zero_outside_subset(tiny_target: TargetModel) -> None:
+    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=subset())
+    drafter.bind(tiny_target)
+    draft = drafter.propose(ctx_of(PROMPT, SamplingConfig(temperature=1.0)), 3)
+    outside = torch.tensor([4, 6, 10, 13])
+    assert draft.probs.shape == (1, 3, 16)
+    assert float(draft.probs[..., outside].abs().sum()) == 0.0
+    torch.testing.assert_close(draft.probs.sum(-1), torch.ones(1, 3))
+    assert set(draft.token_ids[0].tolist()) <= set(subset().ids.tolist())
+
+
+@pytest.mark.parametrize(
+    ("sampling", "vocab"),
+    [(SamplingConfig(temperature=1.0), None), (SamplingConfig(temperature=0.8, top_p=0.9), "subset")],
+    ids=["t1_full", "topp_pruned"],
+)
+def test_statistically_lossless(tiny_target: TargetModel, sampling: SamplingConfig, vocab: str | None) -> None:
+    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=subset() if vocab else None)
+    dec = SpeculativeDecoder(tiny_target, drafter, 2, sampling)
+    expected = exact_two_token_distribution(tiny_target, PROMPT, sampling)
+    counts = sample_two_tokens(dec, PROMPT, 1200, tiny_target.vocab_size)
+    assert pooled_chisquare(counts, expected) > 1e-4
+
+
+def test_vocab_size_mismatch_names_both_sizes(tiny_target: TargetModel) -> None:
+    drafter = DraftModelDrafter(tiny_random_llama(vocab_size=32, seed=2), pruned_vocab=None)
+    with pytest.raises(ValueError, match=r"32 tokens.*16"):
+        drafter.bind(tiny_target)
+
+
+def test_pruned_vocab_for_another_vocabulary(tiny_target: TargetModel) -> None:
+    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=PrunedVocab(torch.arange(8), 64))
+    with pytest.raises(ValueError, match="64 tokens"):
+        drafter.bind(tiny_target)
+
+
+def test_missing_checkpoint_is_a_clear_error(tiny_target: TargetModel, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="does not exist|unknown model"):
+        DraftModelDrafter(str(tmp_path / "nope")).bind(tiny_target)
+    (tmp_path / "draft.json").write_text("{}")
+    (tmp_path / "draft.safetensors").write_bytes(b"")
+    (tmp_path / "draft.json").unlink()
+    with pytest.raises(ValueError, match="config.json"):
+        DraftModelDrafter(str(tmp_path)).bind(tiny_target)
+
+
+class FakeTokenizer:
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        return [self.texts[i] for i in ids]
+
+
+def test_different_tokenizer_warns_or_raises() -> None:
+    same = FakeTokenizer([f"t{i}" for i in range(16)])
+    other = FakeTokenizer([f"u{i}" for i in range(16)])
+    DraftModelDrafter(tiny_draft())._check_token_texts(same, FakeTokenizer(list(same.texts)))
+    with pytest.warns(UserWarning, match="tokenizer differs"):
+        DraftModelDrafter(tiny_draft())._check_token_texts(other, same)
+    with pytest.raises(ValueError, match="tokenizer differs"):
+        DraftModelDrafter(tiny_draft(), strict_tokenizer=True)._check_token_texts(other, same)
+
+
+def test_exported_artifact_round_trip(tiny_target: TargetModel, tmp_path: Path) -> None:
+    student = build_student(tiny_target.model, [1])
+    save_draft_artifact(student, subset(), [1], tmp_path, {"command": "test"})
+    hf = load_draft_hf_model(str(tmp_path), tiny_target)
+    assert isinstance(hf, PreTrainedModel)
+    ids = torch.tensor([PROMPT])
+    torch.testing.assert_close(hf(ids).logits, student(ids).logits, atol=2e-2, rtol=1e-2)  # float16 weights
+    dec = SpeculativeDecoder(tiny_target, DraftModelDrafter(str(tmp_path)), 3)
+    assert dec.drafter.vocab is not None and dec.drafter.vocab.size == 12
+    out = dec.generate(PROMPT, max_new_tokens=20, stop_token_ids=[])
+    assert out.token_ids[0].tolist() == plain_greedy(tiny_target, PROMPT, 20)
+
+
+def test_hydra_config_instantiates() -> None:
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        cfg = compose(config_name="train_distill")  # exists beside the drafter config
+        drafter_cfg = compose(config_name="drafter/draft_model").drafter
+    GlobalHydra.instance().clear()
+    drafter = instantiate(drafter_cfg)
+    assert isinstance(drafter, DraftModelDrafter)
+    assert drafter.model_spec == "smollm2-135m-distilled" and cfg.vocab.size > 0
+
+
+@pytest.mark.slow
+def test_shipped_draft_greedy_exact_on_default_target(default_target: TargetModel) -> None:
+    tok = default_target.tokenizer
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "What is a Python list comprehension?"}], add_generation_prompt=True
+    )
+    prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+    dec = SpeculativeDecoder(default_target, DraftModelDrafter("smollm2-135m-distilled"), 4)
+    out = dec.generate(prompt, max_new_tokens=32, stop_token_ids=[])
+    assert out.token_ids[0].tolist() == plain_greedy(default_target, prompt, 32)
+    assert out.stats.acceptance_rate > 0.1  # trained draft (measured 0.20 here); untrained ~0.0
+
+
+def test_propose_twice_on_the_same_context_is_repeatable(tiny_target: TargetModel) -> None:
+    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=None)
+    drafter.bind(tiny_target)
+    ctx = ctx_of(PROMPT)
+    first = drafter.propose(ctx, 1)  # the cache now holds the whole context
+    drafter.commit(ctx, 0)
+    assert drafter.propose(ctx, 1).token_ids.tolist() == first.token_ids.tolist()

@@ -1,0 +1,188 @@
+"""Early-exit self-drafting: greedy exactness, losslessness at temperature 1, the full-depth
+invariant, and the shared KV cache (after a partial acceptance the target's cache equals a plain
+forward over the accepted sequence, for layers below and above the exit)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+from transformers import DynamicCache
+
+import conf
+
+from drafters.early_exit import EarlyExitDrafter, resolve_adapter
+from specdraft.decode import SpeculativeDecoder
+from specdraft.models import tiny_random_target
+from specdraft.sampling import SamplingConfig
+from specdraft.target import TargetModel
+from specdraft.train.early_exit import ExitAdapter, save_adapter
+from tests.test_quantized import check_pruned_vocab_exact
+from tests.helpers import exact_two_token_distribution, plain_greedy, pooled_chisquare, sample_two_tokens
+
+PROMPT = [1, 2, 3, 1, 2]
+LAYERS = 4
+
+
+@pytest.fixture
+def deep_target() -> TargetModel:
+    """Vocab 16, 4 layers, random weights, no EOS."""
+    return tiny_random_target(vocab_size=16, seed=1, num_layers=LAYERS)
+
+
+@pytest.fixture
+def adapter_dir(tmp_path: Path) -> Path:
+    """A random (non-identity) adapter for exit layer 2 of the 4-layer tiny target."""
+    torch.manual_seed(0)
+    adapter = ExitAdapter(hidden_size=32, width=16)
+    for down in adapter.down:
+        torch.nn.init.normal_(down.weight, std=0.3)
+    return save_adapter(adapter, tmp_path / "adapter", {"exit_layer": 2})
+
+
+def cache_tensors(target: TargetModel) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(keys, values) of every layer of the target's cache, [B, heads, T, d] each."""
+    return [(layer.keys.clone(), layer.values.clone()) for layer in target._cache.layers]
+
+
+def plain_cache(target: TargetModel, token_ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Cache of a plain full forward (no specdraft code) over token_ids."""
+    cache = DynamicCache(config=target.config)
+    with torch.inference_mode():
+        target.model(torch.tensor([token_ids]), cache=cache, use_cache=True)
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+@pytest.mark.parametrize("exit_layer", [1, 2, 3])
+@pytest.mark.parametrize("share_kv", [True, False])
+def test_greedy_matches_plain_greedy(deep_target: TargetModel, exit_layer: int, share_kv: bool) -> None:
+    drafter = EarlyExitDrafter(exit_layer=exit_layer, share_kv=share_kv)
+    out = SpeculativeDecoder(deep_target, drafter, 3).generate(PROMPT, 40, stop_token_ids=[])
+    assert out.token_ids[0].tolist() == plain_greedy(deep_target, PROMPT, 40)
+    assert out.stats.drafted > 0
+
+
+def test_greedy_with_adapter_matches_plain_greedy(deep_target: TargetModel, adapter_dir: Path) -> None:
+    drafter = EarlyExitDrafter(adapter=adapter_dir)
+    assert drafter.exit_layer == 2
+    out = SpeculativeDecoder(deep_target, drafter, 4).generate([3], 40, stop_token_ids=[])
+    assert out.token_ids[0].tolist() == plain_greedy(deep_target, [3], 40)
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=1.0)], ids=["greedy", "t1"])
+def test_full_depth_exit_accepts_everything(deep_target: TargetModel, sampling: SamplingConfig) -> None:
+    dec = SpeculativeDecoder(deep_target, EarlyExitDrafter(exit_layer=LAYERS), 4, sampling)
+    stats = dec.generate(PROMPT, 60, stop_token_ids=[]).stats
+    assert stats.drafted > 0 and stats.acceptance_rate == 1.0
+
+
+def test_pruned_draft_vocab_stays_exact(deep_target: TargetModel, tmp_path: Path) -> None:
+    check_pruned_vocab_exact(deep_target, lambda path: EarlyExitDrafter(exit_layer=2, draft_vocab=path), tmp_path)
+
+
+def test_config_instantiates(adapter_dir: Path) -> None:
+    cfg = OmegaConf.load(Path(conf.__file__).parent / "drafter" / "early_exit.yaml")
+    drafter = instantiate(cfg, exit_layer=None, adapter=str(adapter_dir))
+    assert isinstance(drafter, EarlyExitDrafter) and drafter.exit_layer == 2 and drafter.share_kv
+
+
+def test_partial_exit_rejects_something(deep_target: TargetModel) -> None:
+    """Guards the invariant test: a shallow exit is a different model and does get rejected."""
+    stats = SpeculativeDecoder(deep_target, EarlyExitDrafter(exit_layer=1), 4).generate(
+        PROMPT, 60, stop_token_ids=[]
+    ).stats
+    assert stats.acceptance_rate < 1.0
+
+
+def test_lossless_at_temperature_one(deep_target: TargetModel, adapter_dir: Path) -> None:
+    sampling = SamplingConfig(temperature=1.0)
+    dec = SpeculativeDecoder(deep_target, EarlyExitDrafter(adapter=adapter_dir), 2, sampling)
+    counts = sample_two_tokens(dec, PROMPT, 800, deep_target.vocab_size)
+    assert pooled_chisquare(counts, exact_two_token_distribution(deep_target, PROMPT, sampling)) > 1e-4
+
+
+def test_shared_cache_after_partial_acceptance(deep_target: TargetModel) -> None:
+    """Draft 4 tokens through layers < 2, verify reusing them, keep 2: every layer's cache equals
+    a plain forward over the kept sequence."""
+    drafter = EarlyExitDrafter(exit_layer=2)
+    drafter.bind(deep_target)
+    ctx_ids = torch.tensor([PROMPT])
+    deep_target.reset()
+    deep_target.forward(ctx_ids[:, :-1], num_logits=0)
+    ctx = SamplingConfig()
+    from specdraft.protocol import DraftContext
+
+    draft = drafter.propose(DraftContext(ctx_ids, None, ctx, ctx.make_generator()), 4)
+    assert [layer.get_seq_length() for layer in deep_target._cache.layers] == [8, 8, 4, 4]
+    assert deep_target.cache_length == 4
+    inputs = torch.cat([ctx_ids[:, -1:], draft.token_ids], dim=1)  # [1, 5]
+    shared = deep_target.forward(inputs).logits
+    deep_target.crop(len(PROMPT) + 2)
+    kept = PROMPT + draft.token_ids[0, :2].tolist()
+    for (k, v), (k_ref, v_ref) in zip(cache_tensors(deep_target), plain_cache(deep_target, kept), strict=True):
+        torch.testing.assert_close(k, k_ref, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(v, v_ref, rtol=1e-4, atol=1e-4)
+    # the shared verify computed the same logits as a plain forward over prompt + draft
+    with torch.inference_mode():
+        full = deep_target.model(torch.cat([ctx_ids, draft.token_ids], dim=1)).logits[:, -5:]
+    torch.testing.assert_close(shared, full, rtol=1e-4, atol=1e-4)
+
+
+def test_shared_cache_after_decoding(deep_target: TargetModel) -> None:
+    """After a whole generation, the cache holds exactly the committed tokens but the newest."""
+    dec = SpeculativeDecoder(deep_target, EarlyExitDrafter(exit_layer=2), 3, SamplingConfig(temperature=1.0))
+    out = dec.generate(PROMPT, 23, stop_token_ids=[])
+    assert out.stats.accepted < out.stats.drafted  # there were rejections to roll back
+    committed = PROMPT + out.token_ids[0].tolist()
+    for (k, v), (k_ref, v_ref) in zip(
+        cache_tensors(deep_target), plain_cache(deep_target, committed[:-1]), strict=True
+    ):
+        torch.testing.assert_close(k, k_ref, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(v, v_ref, rtol=1e-4, atol=1e-4)
+
+
+def test_forward_with_other_tokens_recomputes(deep_target: TargetModel) -> None:
+    """Pending prefix positions that do not match the verify inputs are dropped, not reused."""
+    deep_target.reset()
+    deep_target.forward(torch.tensor([PROMPT[:-1]]), num_logits=0)
+    deep_target.forward_prefix(torch.tensor([[PROMPT[-1]]]), 2)
+    deep_target.forward_prefix(torch.tensor([[5]]), 2)
+    logits = deep_target.forward(torch.tensor([[PROMPT[-1], 6]])).logits
+    with torch.inference_mode():
+        ref = deep_target.model(torch.tensor([PROMPT + [6]])).logits[:, -2:]
+    torch.testing.assert_close(logits, ref, rtol=1e-4, atol=1e-4)
+    assert deep_target.cache_length == len(PROMPT) + 1
+
+
+def test_bad_arguments(deep_target: TargetModel, adapter_dir: Path) -> None:
+    with pytest.raises(ValueError, match="exit_layer"):
+        EarlyExitDrafter(exit_layer=0)
+    with pytest.raises(ValueError, match="trained at exit_layer=2"):
+        EarlyExitDrafter(exit_layer=3, adapter=adapter_dir)
+    with pytest.raises(ValueError, match="layers"):
+        EarlyExitDrafter(exit_layer=LAYERS + 1).bind(deep_target)
+    with pytest.raises(ValueError, match="neither a directory"):
+        EarlyExitDrafter(exit_layer=1, adapter="no-such-adapter")
+
+
+def test_shipped_adapter_loads() -> None:
+    """The adapter shipped for the default target: exit layer 6, <= 10 MB, with its draft vocabulary."""
+    drafter = EarlyExitDrafter(adapter="smollm2-135m")
+    assert drafter.exit_layer == 6 and drafter.adapter is not None and drafter.adapter.hidden_size == 576
+    assert drafter.vocab is not None and drafter.vocab.vocab_size == 49152
+    shipped = resolve_adapter("smollm2-135m")
+    assert sum(f.stat().st_size for f in shipped.iterdir()) <= 10 * 2**20
+    assert "specdraft-train-early-exit" in json.loads((shipped / "adapter_config.json").read_text())["command"]
+
+
+@pytest.mark.slow
+def test_default_target_greedy(default_target: TargetModel) -> None:
+    prompt = default_target.tokenizer("def fibonacci(n):")["input_ids"]
+    out = SpeculativeDecoder(default_target, EarlyExitDrafter(exit_layer=6), 3).generate(
+        prompt, 12, stop_token_ids=[]
+    )
+    assert out.token_ids[0].tolist() == plain_greedy(default_target, prompt, 12)

@@ -1,0 +1,67 @@
+"""specdraft-export-medusa: names, shapes and dtypes of vLLM's Medusa layout (from memory of
+vllm/model_executor/models/medusa.py and vllm/transformers_utils/configs/medusa.py), and the merged
+weights reproduce the heads' logits."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from specdraft.models import tiny_random_target
+from specdraft.train.export_medusa import export
+from tests.test_medusa import random_heads
+
+VLLM_CONFIG_FIELDS = {"hidden_size", "vocab_size", "num_heads", "num_hidden_layers", "max_paths",
+                      "topk", "truncated_vocab_size", "original_lm_head"}
+
+
+def _apply(tensors: dict, prefix_block: str, prefix_head: str, hidden: torch.Tensor, k: int,
+           num_layers: int) -> torch.Tensor:
+    x = hidden
+    for j in range(num_layers):
+        w, b = tensors[f"{prefix_block}{j}.weight"], tensors[f"{prefix_block}{j}.bias"]
+        x = x + F.silu(F.linear(x, w, b))
+    return F.linear(x, tensors[f"{prefix_head}.weight"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_vllm_layout_names_shapes_dtypes(tmp_path: Path, dtype: torch.dtype) -> None:
+    target = tiny_random_target(vocab_size=16, seed=1)
+    model = random_heads(target, num_heads=3)
+    out = export(model, tmp_path / "vllm", "vllm", dtype=dtype)
+    config = json.loads((out / "config.json").read_text())
+    assert VLLM_CONFIG_FIELDS <= set(config)
+    assert config["num_heads"] == 3 and config["num_hidden_layers"] == 1
+    assert config["hidden_size"] == 32 and config["vocab_size"] == 16
+    tensors = load_file(str(out / "model.safetensors"))
+    expected = {}
+    for i in range(3):
+        expected[f"blocks.{i}.layers.0.weight"] = (32, 32)
+        expected[f"blocks.{i}.layers.0.bias"] = (32,)
+        expected[f"lm_heads.{i}.weight"] = (16, 32)
+    assert {k: tuple(v.shape) for k, v in tensors.items()} == expected
+    assert all(v.dtype == dtype for v in tensors.values())
+    if dtype == torch.float32:  # merged LoRA reproduces every head's logits
+        hidden = torch.randn(4, 32)
+        with torch.no_grad():
+            ref = model(hidden)  # [4, K, V]
+        for k in range(3):
+            got = _apply(tensors, f"blocks.{k}.layers.", f"lm_heads.{k}", hidden, k, 1)
+            assert torch.allclose(got, ref[:, k], atol=1e-4)
+
+
+def test_fasterdecoding_layout(tmp_path: Path) -> None:
+    target = tiny_random_target(vocab_size=16, seed=1)
+    model = random_heads(target, num_heads=2)
+    out = export(model, tmp_path / "fd", "medusa")
+    tensors = load_file(str(out / "medusa_lm_head.safetensors"))
+    assert set(tensors) == {f"{i}.0.linear.{p}" for i in range(2) for p in ("weight", "bias")} | {
+        "0.1.weight", "1.1.weight"}
+    assert json.loads((out / "config.json").read_text())["medusa_num_heads"] == 2
+    with pytest.raises(ValueError, match="format"):
+        export(model, tmp_path / "x", "onnx")

@@ -1,0 +1,144 @@
+"""Medusa heads and drafter: fresh heads equal the lm_head, greedy exactness (chain and tree) and
+statistical losslessness at temperature 1, on tiny random targets with randomly initialised heads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from drafters.medusa import MedusaDrafter, MedusaHeads, build_peft_heads
+from specdraft.decode import SpeculativeDecoder
+from specdraft.protocol import DraftContext
+from specdraft.sampling import SamplingConfig
+from specdraft.target import TargetModel
+from tests.helpers import (
+    exact_two_token_distribution,
+    plain_greedy,
+    pooled_chisquare,
+    sample_two_tokens,
+)
+
+TREE = [[0], [1], [0, 0], [2], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1]]
+
+
+def random_heads(target: TargetModel, num_heads: int = 3, seed: int = 0, scale: float = 0.2):
+    """PEFT-wrapped heads with every trainable weight (blocks, LoRA A and B) random."""
+    heads = MedusaHeads(target.lm_head.weight, num_heads=num_heads, num_layers=1)
+    model = build_peft_heads(heads, rank=4, alpha=8)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.copy_(torch.randn(p.shape, generator=gen) * scale)
+    return model.eval()
+
+
+def drafter_with(target: TargetModel, tree=None, seed: int = 0, rows=None) -> MedusaDrafter:  # noqa: ANN001
+    drafter = MedusaDrafter(heads=None, tree=tree)
+    drafter.attach(random_heads(target, seed=seed), rows=rows)
+    return drafter
+
+
+def test_fresh_head_reproduces_lm_head_exactly(tiny_target: TargetModel) -> None:
+    heads = MedusaHeads(tiny_target.lm_head.weight, num_heads=3, num_layers=2)
+    model = build_peft_heads(heads, rank=4, alpha=8)  # LoRA B starts at zero: no delta
+    hidden = torch.randn(5, tiny_target.hidden_size)  # [M, H]
+    expected = tiny_target.lm_head(hidden)  # [M, V]
+    with torch.no_grad():
+        logits = model(hidden)  # [M, K, V]
+    for k in range(3):
+        assert torch.equal(logits[:, k], expected)
+    drafter = MedusaDrafter(heads=None)
+    drafter.bind(tiny_target)
+    assert torch.equal(drafter.head_logits(hidden)[:, 0], expected)
+
+
+def test_heads_have_distinct_blocks_and_share_the_projection(tiny_target: TargetModel) -> None:
+    heads = MedusaHeads(tiny_target.lm_head.weight, num_heads=3, num_layers=2)
+    blocks = [b for head in heads.blocks for b in head]
+    assert len({id(b) for b in blocks}) == 6
+    assert len({b.linear.weight.data_ptr() for b in blocks}) == 6
+    assert all(p.weight is tiny_target.lm_head.weight for p in heads.lm_heads)
+    full = MedusaHeads(tiny_target.lm_head.weight, num_heads=2, full_projection=True)
+    assert full.lm_heads[0].weight.data_ptr() != tiny_target.lm_head.weight.data_ptr()
+
+
+def test_compiled_heads_match_peft_forward(tiny_target: TargetModel) -> None:
+    model = random_heads(tiny_target)
+    drafter = MedusaDrafter(heads=None)
+    drafter.attach(model)
+    hidden = torch.randn(3, tiny_target.hidden_size)
+    with torch.no_grad():
+        assert torch.allclose(drafter.head_logits(hidden), model(hidden), atol=1e-5)
+
+
+def test_no_hidden_state_proposes_nothing(tiny_target: TargetModel) -> None:
+    drafter = drafter_with(tiny_target)
+    ctx = DraftContext(torch.tensor([[1, 2]]), None, SamplingConfig(), torch.Generator())
+    assert drafter.propose(ctx, 3).num_tokens == 0
+
+
+def test_sampled_proposal_returns_q(tiny_target: TargetModel) -> None:
+    drafter = drafter_with(tiny_target)
+    hidden = torch.randn(1, tiny_target.hidden_size)
+    ctx = DraftContext(torch.tensor([[1]]), hidden, SamplingConfig(temperature=1.0), torch.Generator())
+    draft = drafter.propose(ctx, 2)
+    assert draft.token_ids.shape == (1, 2) and draft.probs is not None
+    assert draft.probs.shape == (1, 2, tiny_target.vocab_size)
+    assert torch.allclose(draft.probs.sum(-1), torch.ones(1, 2))
+
+
+@pytest.mark.parametrize("tree", [None, TREE])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_greedy_equals_plain_greedy(tree, seed: int) -> None:  # noqa: ANN001
+    from specdraft.models import tiny_random_target
+
+    target = tiny_random_target(vocab_size=16, seed=seed + 10)
+    rows = torch.arange(0, 16, 1 + seed % 2)  # seed 1: a pruned vocabulary of the even ids
+    drafter = drafter_with(target, tree=tree, seed=seed, rows=rows if seed == 1 else None)
+    dec = SpeculativeDecoder(target, drafter, num_draft_tokens=len(TREE) if tree else 3)
+    prompt = [1, 5, 3, 7][: 1 + seed]
+    out = dec.generate(prompt, max_new_tokens=40, stop_token_ids=[])
+    assert out.token_ids[0].tolist() == plain_greedy(target, prompt, 40)
+    assert out.stats.rounds < 40  # some draft tokens were accepted
+
+
+@pytest.mark.parametrize("pruned", [False, True])
+def test_chain_is_lossless_at_temperature_one(tiny_target: TargetModel, pruned: bool) -> None:
+    sampling = SamplingConfig(temperature=1.0)
+    drafter = MedusaDrafter(heads=None)
+    rows = torch.tensor([0, 2, 3, 5, 7, 8, 9, 11, 12, 14]) if pruned else None
+    drafter.attach(random_heads(tiny_target, seed=3), rows=rows)
+    dec = SpeculativeDecoder(tiny_target, drafter, num_draft_tokens=2, sampling=sampling)
+    prompt = [2, 9]
+    counts = sample_two_tokens(dec, prompt, n=1200, vocab=tiny_target.vocab_size)
+    exact = exact_two_token_distribution(tiny_target, prompt, sampling)
+    assert pooled_chisquare(counts, exact) > 1e-4
+
+
+def test_tree_falls_back_to_chain_when_sampling(tiny_target: TargetModel) -> None:
+    drafter = drafter_with(tiny_target, tree=TREE)
+    hidden = torch.randn(1, tiny_target.hidden_size)
+    ctx = DraftContext(torch.tensor([[1]]), hidden, SamplingConfig(temperature=0.7), torch.Generator())
+    draft = drafter.propose(ctx, 5)
+    assert draft.parents is None and draft.num_tokens == 3
+    greedy = DraftContext(torch.tensor([[1]]), hidden, SamplingConfig(), torch.Generator())
+    tree = drafter.propose(greedy, 5)
+    assert tree.parents is not None and tree.num_tokens == 5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tree", [None, "auto"])
+def test_shipped_heads_greedy_exact_on_default_target(default_target: TargetModel, tree) -> None:  # noqa: ANN001
+    drafter = MedusaDrafter(heads="smollm2-135m", tree=tree)
+    dec = SpeculativeDecoder(default_target, drafter, num_draft_tokens=16 if tree else 3)
+    tok = default_target.tokenizer
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "Explain what a Python list comprehension is."}],
+        add_generation_prompt=True,
+        tokenize=True,
+    )
+    prompt = prompt["input_ids"] if hasattr(prompt, "keys") else prompt
+    out = dec.generate(prompt, max_new_tokens=32, stop_token_ids=[])
+    assert out.token_ids[0].tolist() == plain_greedy(default_target, list(prompt), 32)
+    assert out.stats.rounds < 32

@@ -1,0 +1,128 @@
+"""specdraft-train-medusa on a tiny random target: cached hidden states, every head's loss goes
+down, checkpoints resume, and the saved PEFT adapter reloads to identical outputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig, OmegaConf
+
+from drafters.medusa import CompiledHeads, MedusaDrafter, load_heads
+from specdraft.models import tiny_random_target
+from specdraft.protocol import DraftContext
+from specdraft.sampling import SamplingConfig
+from specdraft.target import TargetModel
+from specdraft.vocab import build_pruned_vocab
+from specdraft.train.medusa import concat, evaluate, head_losses, precompute, save_heads, train
+
+
+def tiny_cfg(tmp_path: Path, **train: object) -> DictConfig:
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        cfg = compose(config_name="train_medusa")
+    GlobalHydra.instance().clear()
+    cfg = OmegaConf.merge(cfg, {
+        "cache_dir": str(tmp_path / "cache"), "out_dir": str(tmp_path / "heads"),
+        "num_heads": 3, "lora_rank": 4, "lora_alpha": 8,
+        "train": {"lr": 0.02, "max_steps": 60, "batch_size": 64, "bf16": False, "eval_every": 0,
+                  "checkpoint_every": 20, "warmup_steps": 1, "max_seconds": 1e9, **train},
+    })
+    return cfg
+
+
+def greedy_sequences(target: TargetModel, n: int, length: int) -> list[tuple[torch.Tensor, int]]:
+    """The tiny target's own greedy continuations of random prompts (self-distillation data)."""
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(n):
+        prompt = torch.randint(target.vocab_size, (1, 3), generator=gen)
+        with torch.inference_mode():
+            ids = target.model.generate(prompt, max_new_tokens=length, do_sample=False, pad_token_id=0)
+        out.append((ids[0], 2))
+    return out
+
+
+def test_config_composes() -> None:
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        cfg = compose(config_name="train_medusa", overrides=["num_heads=4", "train.loss=kl"])
+    GlobalHydra.instance().clear()
+    assert cfg.num_heads == 4 and cfg.train.loss == "kl"
+
+
+@pytest.mark.parametrize("loss", ["ce", "kl"])
+def test_training_lowers_every_head_loss_and_reloads(tmp_path: Path, loss: str) -> None:
+    torch.set_num_threads(1)
+    target = tiny_random_target(vocab_size=16, seed=1, hidden_size=32)
+    cfg = tiny_cfg(tmp_path, loss=loss)
+    data = precompute(target, greedy_sequences(target, 24, 30), Path(cfg.cache_dir), "tiny", 200)
+    assert len(list(Path(cfg.cache_dir).glob("tiny-*.pt"))) > 1
+    again = precompute(target, greedy_sequences(target, 24, 30), Path(cfg.cache_dir), "tiny", 200)
+    assert torch.equal(again.hidden, data.hidden)  # shards are reused
+    ckpt = Path(cfg.cache_dir) / "checkpoint.pt"
+    model, log = train(cfg, target, data, {}, ckpt)
+    hist = torch.tensor([h[1:] for h in (log["loss_history_every_50"])])
+    first = hist[0]
+    model.eval()
+    # every head's loss is lower after training than at step 1
+    idx = data.inputs(3)[:256]
+    with torch.no_grad():
+        final = head_losses(CompiledHeads(model), data, idx, loss)
+    assert (final < first).all(), (first, final)
+
+    before = evaluate(model, data, 3, 500)
+    assert all(0 <= x <= 1 for x in before["top1"])
+    out = tmp_path / "heads"
+    save_heads(model, out, {"command": "test"})
+    assert (out / "adapter_config.json").is_file() and (out / "adapter_model.safetensors").is_file()
+    reloaded = load_heads(out, target.lm_head.weight)
+    hidden = data.hidden[:20]
+    with torch.no_grad():
+        assert torch.equal(reloaded(hidden), model(hidden))
+    drafter = MedusaDrafter(heads=str(out))
+    drafter.bind(target)
+    with torch.no_grad():
+        assert torch.allclose(drafter.head_logits(hidden), model(hidden), atol=1e-5)
+
+
+def test_training_resumes_from_checkpoint(tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    target = tiny_random_target(vocab_size=16, seed=1, hidden_size=32)
+    data = concat([precompute(target, greedy_sequences(target, 8, 20), tmp_path / "c", "t", 100)])
+    ckpt = tmp_path / "ckpt.pt"
+    _, first = train(tiny_cfg(tmp_path, max_steps=20), target, data, {}, ckpt)
+    resumed, log = train(tiny_cfg(tmp_path, max_steps=40), target, data, {}, ckpt)
+    assert first["steps"] == 20 and log["steps"] == 40
+    # the resumed run continued the same history (first 20 steps are the checkpoint's)
+    assert log["loss_history_every_50"][0] == first["loss_history_every_50"][0]
+    state = torch.load(ckpt)
+    assert state["step"] == 40 and len(state["history"]) == 40
+
+
+def test_pruned_vocab_training_and_drafter(tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    target = tiny_random_target(vocab_size=16, seed=1, hidden_size=32)
+    data = precompute(target, greedy_sequences(target, 12, 20), tmp_path / "c", "t", 1000)
+    vocab = build_pruned_vocab(data.choice, 10, 16)
+    model, _ = train(tiny_cfg(tmp_path, max_steps=30), target, data, {}, tmp_path / "ck.pt", vocab.ids)
+    acc_pruned = evaluate(model, data, 3, 500, vocab.ids)
+    assert all(0 <= x <= 1 for x in acc_pruned["top1"])
+    out = tmp_path / "heads"
+    save_heads(model, out, {"command": "test"})
+    vocab.save(out / "vocab.json")
+    drafter = MedusaDrafter(heads=str(out))
+    drafter.bind(target)
+    hidden = data.hidden[:6]
+    full = drafter.head_logits(hidden)  # [6, K, 10]
+    assert full.shape == (6, 3, 10)
+    ctx = DraftContext(torch.tensor([[1]]), hidden[:1], SamplingConfig(temperature=1.0), torch.Generator())
+    draft = drafter.propose(ctx, 3)
+    assert set(draft.token_ids[0].tolist()) <= set(vocab.ids.tolist())
+    assert draft.probs.shape == (1, 3, 16)
+    outside = torch.ones(16, dtype=torch.bool)
+    outside[vocab.ids] = False
+    assert draft.probs[..., outside].sum() == 0
