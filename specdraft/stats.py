@@ -20,8 +20,10 @@ class GenerationStats:
     rounds: int = 0
     drafted: int = 0
     accepted: int = 0
-    # drafted_per_position[i] = rounds that drafted a token at position i; accepted likewise.
+    # Per draft position i: rounds that drafted a token there; rounds that reached it (all tokens
+    # before i accepted); rounds that accepted it.
     drafted_per_position: list[int] = field(default_factory=list)
+    reached_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     # verify_s_by_k[k] = [seconds, rounds] of target forwards that scored k draft tokens.
     verify_s_by_k: dict[int, list[float]] = field(default_factory=dict)
@@ -36,10 +38,12 @@ class GenerationStats:
         self.drafted += num_drafted
         self.accepted += num_accepted
         self.new_tokens += num_emitted
-        _grow(self.drafted_per_position, num_drafted)
-        _grow(self.accepted_per_position, num_drafted)
+        for counts in (self.drafted_per_position, self.reached_per_position, self.accepted_per_position):
+            _grow(counts, num_drafted)
         for i in range(num_drafted):
             self.drafted_per_position[i] += 1
+        for i in range(min(num_accepted + 1, num_drafted)):
+            self.reached_per_position[i] += 1
         for i in range(num_accepted):
             self.accepted_per_position[i] += 1
 
@@ -64,7 +68,7 @@ class GenerationStats:
         """P(draft token i accepted | a token was drafted at i and all before it were accepted)."""
         return [
             a / d if d else 0.0
-            for a, d in zip(self.accepted_per_position, self.drafted_per_position)
+            for a, d in zip(self.accepted_per_position, self.reached_per_position)
         ]
 
     @property

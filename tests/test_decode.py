@@ -116,6 +116,11 @@ def test_stats_are_consistent(tiny_target: TargetModel) -> None:
     assert s.new_tokens == 40 == s.accepted + s.rounds
     assert s.drafted == sum(s.drafted_per_position)
     assert s.accepted == sum(s.accepted_per_position)
+    # position i is reached only if i-1 was accepted; position 0 is reached whenever drafted
+    assert all(r <= a for r, a in zip(s.reached_per_position[1:], s.accepted_per_position[:-1]))
+    assert all(a <= r <= d for a, r, d in zip(
+        s.accepted_per_position, s.reached_per_position, s.drafted_per_position))
+    assert s.reached_per_position[0] == s.drafted_per_position[0]
     assert s.mean_accepted_length == pytest.approx(40 / s.rounds)
     assert s.total_s >= s.draft_s + s.verify_s
     d = s.as_dict()
