@@ -18,7 +18,8 @@ drafting does not pay. Estimates are exponential moving averages, so they follow
 region makes the n-gram drafter right for a while, then wrong). Unmeasured k get T_v(k) from the
 nearest measured k plus a per-token slope (prior: 10% of T_v(0) per token, DESIGN §8) and T_d(k)
 linearly from the measured per-token drafting cost. When K* = 0 the policy still probes k = 1 every
-`probe_every` rounds, so a drafter that becomes useful again is noticed (cost: a few % of a round).
+`probe_every` rounds, so a drafter that becomes useful again is noticed (cost: a few % of a round),
+unless even a fully accepted k = 1 round would be slower per token than AR (then probing cannot pay).
 """
 
 from __future__ import annotations
@@ -113,11 +114,16 @@ class CostModelGamma:
         best = max(range(k_max + 1), key=lambda k: (self.expected_rate(k), -k))
         if best == 0 and k_max > 0:
             self._rounds_at_zero += 1
-            if self._rounds_at_zero % self.probe_every == 0:
+            if self._rounds_at_zero % self.probe_every == 0 and self._probe_could_pay():
                 return 1
         else:
             self._rounds_at_zero = 0
         return best
+
+    def _probe_could_pay(self) -> bool:
+        """A k=1 round can only beat AR if, even when always accepted (2 tokens), it is faster per
+        token than one AR step; drafters too slow for that (e.g. bitsandbytes on CPU) are not probed."""
+        return 2.0 / (self.draft_cost(1) + self.verify_cost(1)) > 1.0 / self.verify_cost(0)
 
     def observe(self, num_drafted: int, num_accepted: int, draft_s: float, verify_s: float) -> None:
         d = self.decay

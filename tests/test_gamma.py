@@ -51,6 +51,17 @@ def test_never_right_drafter_converges_to_zero() -> None:
     assert max(late) <= 1
 
 
+def test_too_slow_drafter_is_never_probed() -> None:
+    # Drafting one token costs 3 AR steps: even always-accepted drafts cannot pay.
+    policy = CostModelGamma(max_k=8)
+    chosen = []
+    for _ in range(200):
+        k = policy.choose(100)
+        chosen.append(k)
+        policy.observe(k, k, 0.12 * k, 0.04 * (1 + 0.1 * k))
+    assert max(chosen[-150:]) == 0
+
+
 def test_always_right_drafter_drafts_the_maximum() -> None:
     policy = CostModelGamma(max_k=6)
     for _ in range(100):
