@@ -90,7 +90,7 @@ def run_peer(
     else:
         gen_kwargs.update(do_sample=True, temperature=sampling.temperature,
                           top_k=sampling.top_k or None, top_p=sampling.top_p)
-        torch.manual_seed(sampling.seed)
+        torch.manual_seed(sampling.seed)  # HF `generate` samples from the global RNG only
     gen_kwargs.update(kwargs)
     t0 = time.perf_counter()
     with torch.inference_mode():
