@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from transformers import DynamicCache, PreTrainedModel
 
 from specdraft.protocol import Draft, DraftContext
-from specdraft.sampling import sample, warp
+from specdraft.sampling import draw, warp
 from specdraft.vocab import PrunedVocab
 
 if TYPE_CHECKING:
@@ -193,7 +193,7 @@ class DraftModelDrafter:
         for _ in range(num_tokens):
             logits = self._next_logits(feed)  # [1, M or V]
             q_sub = warp(logits, ctx.sampling)  # [1, M or V]
-            sub = q_sub.argmax(-1) if ctx.sampling.greedy else sample(q_sub, ctx.generator)  # [1]
+            sub = draw(q_sub, ctx.sampling, ctx.generator)  # [1]
             tok = self.vocab.to_target(sub) if self.vocab is not None else sub  # [1] target id
             tokens.append(tok)
             probs.append(self.vocab.expand(q_sub) if self.vocab is not None else q_sub)  # [1, V]

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from specdraft.protocol import Draft, DraftContext
-from specdraft.sampling import sample, warp
+from specdraft.sampling import draw, warp
 from specdraft.train.early_exit import VOCAB_FILE, ExitAdapter, exit_logits, load_adapter
 from specdraft.vocab import PrunedVocab
 
@@ -140,7 +140,7 @@ class EarlyExitDrafter:
         for _ in range(num_tokens):
             hidden = target.forward_prefix(token.to(target.device), self.exit_layer)  # [1, 1, H]
             q = warp(exit_logits(target, hidden[:, -1], self.adapter, self._head), ctx.sampling)  # [1, V|M]
-            token = q.argmax(-1, keepdim=True) if ctx.sampling.greedy else sample(q, ctx.generator)[:, None]
+            token = draw(q, ctx.sampling, ctx.generator)[:, None]  # [1, 1]
             if self.vocab is not None:
                 q, token = self.vocab.expand(q), self.vocab.to_target(token)
             tokens.append(token)

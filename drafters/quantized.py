@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from transformers import DynamicCache
 
 from specdraft.protocol import Draft, DraftContext
-from specdraft.sampling import sample, warp
+from specdraft.sampling import draw, warp
 from specdraft.vocab import PrunedVocab
 
 if TYPE_CHECKING:
@@ -222,7 +222,7 @@ class QuantizedDrafter:
         for _ in range(num_tokens):
             logits = self._logits(inputs)  # [1, V] or [1, M]
             q = warp(logits, ctx.sampling)
-            tok = q.argmax(-1) if ctx.sampling.greedy else sample(q, ctx.generator)  # [1]
+            tok = draw(q, ctx.sampling, ctx.generator)  # [1]
             if self.vocab is not None:
                 q, tok = self.vocab.expand(q), self.vocab.to_target(tok)
             tokens.append(tok)

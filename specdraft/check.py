@@ -83,6 +83,8 @@ def exact_cells(
 def chisquare_pvalue(counts: np.ndarray, probs: np.ndarray, min_expected: float = 5.0) -> float:
     """Goodness of fit with cells of expected count < min_expected pooled; any count in a cell of
     probability 0 is an immediate failure (p = 0)."""
+    counts = np.asarray(counts, dtype=np.float64)
+    probs = np.asarray(probs, dtype=np.float64)
     if counts[probs <= 0].sum() > 0:
         return 0.0
     expected = probs * counts.sum()

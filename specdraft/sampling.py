@@ -80,6 +80,12 @@ def warp(logits: Tensor, cfg: SamplingConfig) -> Tensor:
     return torch.softmax(logits, dim=-1)
 
 
+def draw(probs: Tensor, cfg: SamplingConfig, generator: torch.Generator) -> Tensor:
+    """One token per row of warped probs [..., V] -> [...]: the argmax when greedy, else a sample.
+    Drafters use this so q and the proposed token always come from the same rule."""
+    return probs.argmax(-1) if cfg.greedy else sample(probs, generator)
+
+
 def one_hot_argmax(logits: Tensor) -> Tensor:
     """One-hot float32 distribution [..., V] at the argmax of `logits` [..., V]."""
     idx = logits.argmax(dim=-1, keepdim=True)

@@ -11,12 +11,12 @@ from typing import ClassVar
 
 import numpy as np
 import torch
-from scipy import stats as scipy_stats
 from transformers import DynamicCache
 
+from specdraft.check import chisquare_pvalue as pooled_chisquare  # the audit's test, shared
 from specdraft.decode import SpeculativeDecoder
 from specdraft.protocol import Draft, DraftContext
-from specdraft.sampling import SamplingConfig, sample, warp
+from specdraft.sampling import SamplingConfig, draw, warp
 from specdraft.target import TargetModel
 
 
@@ -57,25 +57,6 @@ def exact_two_token_distribution(
     return joint.ravel()
 
 
-def pooled_chisquare(counts: np.ndarray, probs: np.ndarray, min_expected: float = 5.0) -> float:
-    """Chi-square goodness-of-fit p-value of counts vs probs; cells with expected < min_expected
-    are pooled into one cell, and any count in a zero-probability cell gives p = 0."""
-    counts = np.asarray(counts, dtype=np.float64)
-    probs = np.asarray(probs, dtype=np.float64)
-    if counts[probs <= 0].sum() > 0:
-        return 0.0
-    n = counts.sum()
-    expected = probs * n
-    big = expected >= min_expected
-    obs = np.append(counts[big], counts[~big].sum())
-    exp = np.append(expected[big], expected[~big].sum())
-    if exp[-1] == 0:
-        obs, exp = obs[:-1], exp[:-1]
-    if len(obs) < 2:
-        return 1.0
-    return float(scipy_stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue)
-
-
 def sample_two_tokens(decoder: SpeculativeDecoder, prompt: list[int], n: int, vocab: int) -> np.ndarray:
     """Counts [V * V] of the first two tokens over n generations with seeds 0..n-1."""
     counts = np.zeros(vocab * vocab)
@@ -113,7 +94,7 @@ class RecomputeDrafter:
         tokens, probs = [], []
         for _ in range(num_tokens):
             q = warp(self.model(ids).logits[:, -1], ctx.sampling)  # [1, V]
-            tok = q.argmax(-1) if ctx.sampling.greedy else sample(q, ctx.generator)  # [1]
+            tok = draw(q, ctx.sampling, ctx.generator)  # [1]
             tokens.append(tok)
             probs.append(q)
             ids = torch.cat([ids, tok[:, None]], dim=1)
