@@ -12,8 +12,10 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-from transformers import DynamicCache, PreTrainedModel
-from transformers.masking_utils import create_causal_mask
+from transformers import PreTrainedModel
+
+from specdraft.fast_stack import FastStack, fast_path_unsupported
+from specdraft.hf_stack import HFStack
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,10 @@ class TargetModel:
         `get_output_embeddings()` is the lm_head (Llama, Mistral, Qwen2, GPT-2, ...).
     tokenizer: optional, used by the CLI/bench and by drafters that compare vocabularies.
     eos_token_ids: tokens that end generation; defaults to the model's (generation) config.
+    fast: run the target through `FastStack` (packed weights, preallocated in-place KV cache;
+        specdraft/fast_stack.py) instead of the plain Hugging Face forward (`HFStack`). "auto" =
+        fast when the architecture supports it. The plain path stays for comparison
+        (`target.fast=false`). `model` itself is never modified: drafters may read its weights.
     """
 
     def __init__(
@@ -50,6 +56,7 @@ class TargetModel:
         model: PreTrainedModel,
         tokenizer: object | None = None,
         eos_token_ids: list[int] | None = None,
+        fast: bool | str = "auto",
     ) -> None:
         model.eval()
         self.model = model
@@ -60,7 +67,8 @@ class TargetModel:
         self.eos_token_ids = (
             list(eos_token_ids) if eos_token_ids is not None else _default_eos(model, tokenizer)
         )
-        self._cache: DynamicCache | None = None
+        self.fast = _resolve_fast(model, fast)
+        self._stack: FastStack | HFStack = FastStack(model) if self.fast else HFStack(model)
         self._prefix: _PrefixState | None = None  # see forward_prefix (early exit)
 
     # ----------------------------------------------------------------------------- properties
@@ -92,12 +100,12 @@ class TargetModel:
         first layers have seen through `forward_prefix` are not counted)."""
         if self._prefix is not None:
             return self._prefix.base
-        return 0 if self._cache is None else int(self._cache.get_seq_length())
+        return self._stack.seq_length(0)
 
     # ----------------------------------------------------------------------------- cache API
     def reset(self) -> None:
         """Start a new sequence: an empty KV cache."""
-        self._cache = DynamicCache(config=self.config)
+        self._stack.reset()
         self._prefix = None
 
     def crop(self, length: int) -> None:
@@ -105,23 +113,21 @@ class TargetModel:
         current = self.cache_length
         if not 0 <= length <= current:
             raise ValueError(f"cannot crop a KV cache of {current} positions to {length}.")
-        if self._prefix is not None:  # layers differ in length: crop each one to `length`
-            self._prefix = None
-            self._crop_layers(length, self.num_layers)
-        elif length < current:
-            assert self._cache is not None
-            self._cache.crop(length - current)  # transformers 5: a negative count removes
+        self._prefix = None  # pending early-exit positions (if any) are beyond `length` too
+        self._stack.crop(length, self.num_layers)
 
     def keep_positions(self, positions: Sequence[int]) -> None:
         """Keep only the given KV-cache positions, in this order (tree verification: the committed
         prefix + the accepted path, whose K/V are copied into place)."""
         current = self.cache_length
-        if self._cache is None or any(not 0 <= p < current for p in positions):
+        if self._prefix is not None or any(not 0 <= p < current for p in positions):
             raise ValueError(f"cache positions must be in [0, {current}), got {list(positions)}.")
-        for layer in self._cache.layers:
-            idx = torch.as_tensor(list(positions), dtype=torch.long, device=layer.keys.device)
-            layer.keys = layer.keys.index_select(-2, idx)
-            layer.values = layer.values.index_select(-2, idx)
+        self._stack.keep_positions(positions)
+
+    def cache_tensors(self) -> list[tuple[Tensor, Tensor]]:
+        """(keys, values) [B, kv_heads, length, D] of every layer's cache (read-only views; tests
+        compare them with a fresh forward)."""
+        return self._stack.layer_tensors()
 
     @torch.inference_mode()
     def forward(
@@ -140,29 +146,19 @@ class TargetModel:
         [B, k] (tree verification, specdraft/tree.py); None = the usual causal continuation.
         """
         if attention_mask is not None or position_ids is not None:
-            if self._cache is None:
-                self.reset()
-            out = self.decoder(
-                input_ids=token_ids,
-                cache=self._cache,
-                use_cache=True,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-            )
-            return self._output(out.last_hidden_state, num_logits)
-        if self._cache is None:
-            self.reset()
-        if self._prefix is not None:
+            self.discard_prefix()
+            hidden = self._stack.forward(token_ids, attention_mask, position_ids)
+        elif self._prefix is not None:
             hidden = self._forward_after_prefix(token_ids)  # [B, k, H]
         else:
-            hidden = self.decoder(input_ids=token_ids, cache=self._cache, use_cache=True).last_hidden_state
+            hidden = self._stack.forward(token_ids)
         return self._output(hidden, num_logits)
 
     def _output(self, hidden: Tensor, num_logits: int | None) -> TargetOutput:
         """Logits of the last `num_logits` positions of post-norm hidden [B, k, H]."""
         n = hidden.shape[1] if num_logits is None else num_logits
         if n > 0:
-            logits = self.lm_head(hidden[:, hidden.shape[1] - n :]).float()  # [B, n, V]
+            logits = self._stack.logits(hidden[:, hidden.shape[1] - n :]).float()  # [B, n, V]
         else:
             logits = hidden.new_zeros((hidden.shape[0], 0, self.vocab_size))
         return TargetOutput(logits=logits, hidden=hidden)
@@ -190,8 +186,6 @@ class TargetModel:
             )
         if not 1 <= num_layers <= self.num_layers:
             raise ValueError(f"num_layers must be in [1, {self.num_layers}], got {num_layers}.")
-        if self._cache is None:
-            self.reset()
         st = self._prefix
         if st is not None and st.num_layers != num_layers:
             raise ValueError(
@@ -200,8 +194,8 @@ class TargetModel:
             )
         base = self.cache_length
         done = 0 if st is None else st.token_ids.shape[1]
-        embeds = self.decoder.embed_tokens(token_ids)  # [B, k, H]
-        hidden = self._run_layers(embeds, 0, num_layers, first_position=base + done)  # [B, k, H]
+        embeds = self._stack.embed(token_ids)  # [B, k, H]
+        hidden = self._stack.run_layers(embeds, 0, num_layers, base + done)  # [B, k, H]
         if st is None:
             self._prefix = _PrefixState(num_layers, base, token_ids, hidden)
         else:
@@ -213,7 +207,7 @@ class TargetModel:
         """Forget the positions `forward_prefix` added (the next forward recomputes every layer)."""
         if self._prefix is not None:
             base, self._prefix = self._prefix.base, None
-            self._crop_layers(base, self.num_layers)
+            self._stack.crop(base, self.num_layers)
 
     def _forward_after_prefix(self, token_ids: Tensor) -> Tensor:
         """forward() while positions are pending: reuse their layers < E when the inputs start with
@@ -223,39 +217,26 @@ class TargetModel:
         num_pending = st.token_ids.shape[1]
         if num_pending > token_ids.shape[1] or not torch.equal(token_ids[:, :num_pending], st.token_ids):
             self.discard_prefix()
-            return self.decoder(input_ids=token_ids, cache=self._cache, use_cache=True).last_hidden_state
+            return self._stack.forward(token_ids)
         self._prefix = None
         hidden = st.hidden  # [B, P, H] layers < E already done (and cached) for the pending tokens
         rest = token_ids[:, num_pending:]  # [B, k-P]
         if rest.shape[1] > 0:
-            tail = self._run_layers(self.decoder.embed_tokens(rest), 0, st.num_layers, st.base + num_pending)
+            tail = self._stack.run_layers(self._stack.embed(rest), 0, st.num_layers, st.base + num_pending)
             hidden = torch.cat([hidden, tail], dim=1)  # [B, k, H]
-        hidden = self._run_layers(hidden, st.num_layers, self.num_layers, first_position=st.base)
-        return self.decoder.norm(hidden)
+        hidden = self._stack.run_layers(hidden, st.num_layers, self.num_layers, st.base)
+        return self._stack.norm(hidden)
 
-    def _run_layers(self, hidden: Tensor, start: int, end: int, first_position: int) -> Tensor:
-        """Decoder layers [start, end) on hidden [B, k, H] at positions first_position.., with the
-        cache (each layer appends its K/V). Mirrors the HF Llama forward."""
-        if start >= end:
-            return hidden
-        positions = torch.arange(hidden.shape[1], device=hidden.device)[None] + first_position  # [1, k]
-        mask = create_causal_mask(
-            config=self.config, inputs_embeds=hidden, attention_mask=None, cache=self._cache,
-            position_ids=positions, layer_idx=start,
-        )
-        rope = self.decoder.rotary_emb(hidden, position_ids=positions)
-        for layer in self.decoder.layers[start:end]:
-            hidden = layer(hidden, attention_mask=mask, position_embeddings=rope, position_ids=positions,
-                           cache=self._cache, use_cache=True)
-        return hidden
 
-    def _crop_layers(self, length: int, num_layers: int) -> None:
-        """Crop each of the first `num_layers` cache layers to `length` positions."""
-        assert self._cache is not None
-        for layer in self._cache.layers[:num_layers]:
-            extra = layer.get_seq_length() - length
-            if extra > 0:
-                layer.crop(-extra)
+def _resolve_fast(model: PreTrainedModel, fast: bool | str) -> bool:
+    """fast="auto" -> whether the fast stack supports the model; True -> it must (clear error)."""
+    if fast == "auto":
+        return fast_path_unsupported(model) is None
+    if not isinstance(fast, bool):
+        raise ValueError(f"fast must be true, false or 'auto', got {fast!r}.")
+    if fast and (reason := fast_path_unsupported(model)) is not None:
+        raise ValueError(f"target.fast=true cannot run this model: {reason}; use target.fast=auto or false.")
+    return fast
 
 
 def _default_eos(model: PreTrainedModel, tokenizer: object | None) -> list[int]:

@@ -46,7 +46,7 @@ def adapter_dir(tmp_path: Path) -> Path:
 
 def cache_tensors(target: TargetModel) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(keys, values) of every layer of the target's cache, [B, heads, T, d] each."""
-    return [(layer.keys.clone(), layer.values.clone()) for layer in target._cache.layers]
+    return [(k.clone(), v.clone()) for k, v in target.cache_tensors()]
 
 
 def plain_cache(target: TargetModel, token_ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -117,7 +117,7 @@ def test_shared_cache_after_partial_acceptance(deep_target: TargetModel) -> None
     from specdraft.protocol import DraftContext
 
     draft = drafter.propose(DraftContext(ctx_ids, None, ctx, ctx.make_generator()), 4)
-    assert [layer.get_seq_length() for layer in deep_target._cache.layers] == [8, 8, 4, 4]
+    assert [k.shape[2] for k, _ in deep_target.cache_tensors()] == [8, 8, 4, 4]
     assert deep_target.cache_length == 4
     inputs = torch.cat([ctx_ids[:, -1:], draft.token_ids], dim=1)  # [1, 5]
     shared = deep_target.forward(inputs).logits

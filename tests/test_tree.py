@@ -101,13 +101,13 @@ def test_tree_kv_rollback_equals_plain_forward(tiny_target: TargetModel) -> None
     assert chain.token_ids.tolist() == [greedy[:2]]
     assert out.logits[0, -1].argmax().item() == greedy[2]
     assert tiny_target.cache_length == 5 + 2
-    tree_cache = [(layer.keys.clone(), layer.values.clone()) for layer in tiny_target._cache.layers]
+    tree_cache = [(k.clone(), v.clone()) for k, v in tiny_target.cache_tensors()]
 
     tiny_target.reset()
     plain = tiny_target.forward(torch.cat([prompt, torch.tensor([greedy[:2]])], 1))
     assert torch.allclose(plain.hidden[:, -1], out.hidden[:, -1], atol=1e-5)
-    for (k, v), layer in zip(tree_cache, tiny_target._cache.layers):
-        assert torch.allclose(k, layer.keys, atol=1e-5) and torch.allclose(v, layer.values, atol=1e-5)
+    for (k, v), (k_ref, v_ref) in zip(tree_cache, tiny_target.cache_tensors(), strict=True):
+        assert torch.allclose(k, k_ref, atol=1e-5) and torch.allclose(v, v_ref, atol=1e-5)
     assert accepted_positions(3, [1, 4]) == [0, 1, 2, 3, 5, 8]
 
 

@@ -1,0 +1,256 @@
+"""The fast layer stack behind `TargetModel(fast=True)`: the same Llama-family math as the Hugging
+Face forward, arranged so that scoring k positions costs little more than scoring one.
+
+What makes it fast (each kept because benchmarks/verify_cost.py showed it pays on this CPU):
+- every projection is a oneDNN linear on a weight pre-packed once at load (`mkldnn` reorder): plain
+  `F.linear` (MKL sgemm) takes a slow path for 2..16 rows, so T_p(5) was ~1.8x T_p(1);
+- q/k/v and gate/up are fused into one matrix each (fewer, larger products);
+- the KV cache is preallocated and written in place (no `torch.cat` per layer per forward), and a
+  rollback only moves a length: nothing is copied;
+- grouped-query attention goes to `scaled_dot_product_attention(enable_gqa=True)` with a boolean
+  mask, instead of materialising repeated K/V heads whenever a mask is needed.
+On CUDA (or when oneDNN is missing) the projections fall back to `F.linear` on the fused weights.
+The Hugging Face model is left untouched (drafters and peers still use it); the packed copies cost
+one extra copy of the weights in memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+FAST_MODEL_TYPES = ("llama", "mistral", "qwen2")
+_PACK_ROWS = 16  # oneDNN packing hint: the row count the layout is tuned for (1..16 all measured)
+
+
+def fast_path_unsupported(model: nn.Module) -> str | None:
+    """Why `model` cannot use the fast stack (None when it can)."""
+    config = model.config
+    if config.model_type not in FAST_MODEL_TYPES:
+        return f"model_type {config.model_type!r} is not one of {FAST_MODEL_TYPES}"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return "sliding-window attention is not implemented in the fast stack"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"hidden_act {config.hidden_act!r} is not silu"
+    return None
+
+
+class PackedLinear:
+    """y = x W^T + b with W frozen in the layout that is fastest for few rows on this device."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
+        weight = weight.detach()  # [O, I]
+        self.out_features = int(weight.shape[0])
+        self.bias = None if bias is None else bias.detach()
+        self.packed = (
+            weight.device.type == "cpu"
+            and torch.backends.mkldnn.is_available()
+            and weight.dtype in (torch.float32, torch.bfloat16)
+        )
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_ROWS) if self.packed else weight
+
+    def __call__(self, x: Tensor) -> Tensor:  # [..., I] -> [..., O]
+        if not self.packed:
+            return F.linear(x, self.weight, self.bias)
+        rows = x.reshape(-1, x.shape[-1])  # [N, I]
+        y = torch.ops.mkldnn._linear_pointwise(rows, self.weight, self.bias, "none", [], "")  # [N, O]
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+def _fused(modules: Sequence[nn.Linear]) -> PackedLinear:
+    """One PackedLinear computing all `modules` side by side (outputs concatenated)."""
+    weight = torch.cat([m.weight.detach() for m in modules], dim=0)  # [sum O, I]
+    biases = [m.bias for m in modules]
+    bias = None if all(b is None for b in biases) else torch.cat(
+        [b.detach() if b is not None else m.weight.new_zeros(m.out_features) for m, b in zip(modules, biases)]
+    )
+    return PackedLinear(weight, bias)
+
+
+@dataclass(frozen=True)
+class _Layer:
+    norm1: Tensor  # [H] input_layernorm weight
+    qkv: PackedLinear  # H -> (heads + 2 kv_heads) * head_dim
+    out: PackedLinear  # heads * head_dim -> H
+    norm2: Tensor  # [H] post_attention_layernorm weight
+    gate_up: PackedLinear  # H -> 2 * intermediate
+    down: PackedLinear  # intermediate -> H
+
+
+class KVBuffer:
+    """Preallocated keys/values [B, kv_heads, capacity, head_dim] per layer, written in place.
+
+    Each layer has its own length (early exit leaves the first layers longer). Appending past the
+    capacity doubles it (one copy); past `max_length` it raises instead of corrupting anything."""
+
+    def __init__(self, num_layers: int, shape: tuple[int, int, int], dtype: torch.dtype,
+                 device: torch.device, max_length: int, capacity: int = 256) -> None:
+        self.batch, self.kv_heads, self.head_dim = shape
+        self.dtype, self.device, self.max_length = dtype, device, max_length
+        self.capacity = min(capacity, max_length)
+        self.keys = [self._empty(self.capacity) for _ in range(num_layers)]
+        self.values = [self._empty(self.capacity) for _ in range(num_layers)]
+        self.lengths = [0] * num_layers
+
+    def _empty(self, capacity: int) -> Tensor:
+        return torch.empty(self.batch, self.kv_heads, capacity, self.head_dim, dtype=self.dtype, device=self.device)
+
+    def append(self, layer: int, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        """Write keys/values [B, kv_heads, n, D] after the layer's cached positions; return views of
+        everything cached for that layer [B, kv_heads, length + n, D]."""
+        start = self.lengths[layer]
+        end = start + keys.shape[2]
+        if end > self.capacity:
+            self._grow(end)
+        self.keys[layer][:, :, start:end] = keys
+        self.values[layer][:, :, start:end] = values
+        self.lengths[layer] = end
+        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+
+    def _grow(self, needed: int) -> None:
+        if needed > self.max_length:
+            raise ValueError(
+                f"the sequence needs {needed} positions but the target supports at most {self.max_length} "
+                "(max_position_embeddings); shorten the prompt or max_new_tokens."
+            )
+        capacity = min(max(needed, 2 * self.capacity), self.max_length)
+        for store in (self.keys, self.values):
+            for i, old in enumerate(store):
+                new = self._empty(capacity)
+                new[:, :, : self.lengths[i]] = old[:, :, : self.lengths[i]]
+                store[i] = new
+        self.capacity = capacity
+
+    def crop(self, length: int, num_layers: int) -> None:
+        """Forget positions >= length in the first num_layers layers (no copy)."""
+        for i in range(num_layers):
+            self.lengths[i] = min(self.lengths[i], length)
+
+    def keep_positions(self, positions: Sequence[int]) -> None:
+        """Keep only `positions` (in this order) in every layer: tree verification's accepted path."""
+        idx = torch.as_tensor(list(positions), dtype=torch.long, device=self.device)
+        for i in range(len(self.lengths)):
+            for store in (self.keys, self.values):
+                store[i][:, :, : len(idx)] = store[i].index_select(2, idx)
+            self.lengths[i] = len(idx)
+
+    def tensors(self) -> list[tuple[Tensor, Tensor]]:
+        """(keys, values) [B, kv_heads, length, D] of every layer (views)."""
+        return [(k[:, :, :n], v[:, :, :n]) for k, v, n in zip(self.keys, self.values, self.lengths)]
+
+
+class FastStack:
+    """The decoder layers, final norm and lm_head of a Llama-family model with packed weights and
+    a `KVBuffer`; same interface as `HFStack` (see specdraft/target.py)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        reason = fast_path_unsupported(model)
+        if reason is not None:
+            raise ValueError(f"the fast target path cannot run this model: {reason}; use target.fast=false.")
+        config = model.config
+        decoder = model.base_model
+        self.config = config
+        self.embed_tokens: nn.Module = decoder.embed_tokens
+        self.rotary_emb: nn.Module = decoder.rotary_emb
+        self.eps = float(config.rms_norm_eps)
+        self.num_heads = int(config.num_attention_heads)
+        self.kv_heads = int(config.num_key_value_heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.num_heads)
+        self.scaling = self.head_dim**-0.5
+        self.layers = [
+            _Layer(
+                norm1=layer.input_layernorm.weight.detach(),
+                qkv=_fused([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]),
+                out=_fused([layer.self_attn.o_proj]),
+                norm2=layer.post_attention_layernorm.weight.detach(),
+                gate_up=_fused([layer.mlp.gate_proj, layer.mlp.up_proj]),
+                down=_fused([layer.mlp.down_proj]),
+            )
+            for layer in decoder.layers
+        ]
+        self.final_norm = decoder.norm.weight.detach()
+        self.lm_head = _fused([model.get_output_embeddings()])
+        self.num_layers = len(self.layers)
+        self.kv: KVBuffer | None = None
+
+    # ------------------------------------------------------------------ cache
+    def reset(self, batch: int = 1) -> None:
+        self.kv = KVBuffer(
+            self.num_layers, (batch, self.kv_heads, self.head_dim), self.final_norm.dtype,
+            self.final_norm.device, int(getattr(self.config, "max_position_embeddings", 1 << 20)),
+        )
+
+    def seq_length(self, layer: int = 0) -> int:
+        return 0 if self.kv is None else self.kv.lengths[layer]
+
+    def crop(self, length: int, num_layers: int) -> None:
+        assert self.kv is not None
+        self.kv.crop(length, num_layers)
+
+    def keep_positions(self, positions: Sequence[int]) -> None:
+        assert self.kv is not None
+        self.kv.keep_positions(positions)
+
+    def layer_tensors(self) -> list[tuple[Tensor, Tensor]]:
+        return [] if self.kv is None else self.kv.tensors()
+
+    # ------------------------------------------------------------------ compute
+    def embed(self, token_ids: Tensor) -> Tensor:  # [B, k] -> [B, k, H]
+        return self.embed_tokens(token_ids)
+
+    def norm(self, hidden: Tensor) -> Tensor:
+        return F.rms_norm(hidden, (hidden.shape[-1],), self.final_norm, self.eps)
+
+    def logits(self, hidden: Tensor) -> Tensor:  # [B, n, H] -> [B, n, V]
+        return self.lm_head(hidden)
+
+    def forward(self, token_ids: Tensor, attention_mask: Tensor | None = None,
+                position_ids: Tensor | None = None) -> Tensor:
+        """All layers on token_ids [B, k] after the cache; post-norm hidden [B, k, H]."""
+        if self.kv is None or self.kv.batch != token_ids.shape[0]:
+            self.reset(token_ids.shape[0])
+        hidden = self.embed(token_ids)
+        hidden = self.run_layers(hidden, 0, self.num_layers, self.seq_length(0), attention_mask, position_ids)
+        return self.norm(hidden)
+
+    def run_layers(self, hidden: Tensor, start: int, end: int, first_position: int,
+                   attention_mask: Tensor | None = None, position_ids: Tensor | None = None) -> Tensor:
+        """Layers [start, end) on hidden [B, k, H]; each appends its K/V. attention_mask: additive
+        [B, 1, k, past + k] (trees) or None for the causal continuation; position_ids [B, k]."""
+        if start >= end:
+            return hidden
+        if self.kv is None:
+            self.reset(hidden.shape[0])
+        assert self.kv is not None
+        batch, k, _ = hidden.shape
+        past = self.kv.lengths[start]
+        if position_ids is None:
+            position_ids = torch.arange(first_position, first_position + k, device=hidden.device)[None]  # [1, k]
+        mask = attention_mask
+        if mask is None and k > 1:  # query i sees every cached position and block positions <= i
+            cols = torch.arange(past + k, device=hidden.device)  # [past + k]
+            mask = cols[None] <= (past + torch.arange(k, device=hidden.device))[:, None]  # [k, past + k]
+        cos, sin = self.rotary_emb(hidden, position_ids=position_ids)  # [B|1, k, D] each
+        q_size, kv_size = self.num_heads * self.head_dim, self.kv_heads * self.head_dim
+        for i in range(start, end):
+            layer = self.layers[i]
+            h = F.rms_norm(hidden, (hidden.shape[-1],), layer.norm1, self.eps)
+            q, key, val = layer.qkv(h).split([q_size, kv_size, kv_size], dim=-1)  # [B, k, *]
+            q = q.view(batch, k, self.num_heads, self.head_dim).transpose(1, 2)  # [B, nh, k, D]
+            key = key.view(batch, k, self.kv_heads, self.head_dim).transpose(1, 2)  # [B, kvh, k, D]
+            val = val.view(batch, k, self.kv_heads, self.head_dim).transpose(1, 2)
+            q, key = apply_rotary_pos_emb(q, key, cos, sin)
+            keys, values = self.kv.append(i, key, val)  # [B, kvh, past + k, D]
+            attn = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, scale=self.scaling, enable_gqa=self.kv_heads != self.num_heads
+            )  # [B, nh, k, D]
+            hidden = hidden + layer.out(attn.transpose(1, 2).reshape(batch, k, q_size))
+            h = F.rms_norm(hidden, (hidden.shape[-1],), layer.norm2, self.eps)
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)  # [B, k, I] each
+            hidden = hidden + layer.down(F.silu(gate) * up)
+        return hidden
