@@ -124,11 +124,13 @@ def load_target(
     device: str | torch.device | None = None,
     dtype: torch.dtype | str | None = None,
     with_tokenizer: bool = True,
+    fast: bool | str = "auto",
 ) -> TargetModel:
-    """Load model + tokenizer and wrap them in a `TargetModel`."""
+    """Load model + tokenizer and wrap them in a `TargetModel` (fast: the fast layer stack, see
+    `TargetModel`; "auto" = when the architecture supports it)."""
     model = load_model(name_or_path, device=device, dtype=dtype)
     tokenizer = load_tokenizer(name_or_path) if with_tokenizer else None
-    return TargetModel(model, tokenizer=tokenizer)
+    return TargetModel(model, tokenizer=tokenizer, fast=fast)
 
 
 def tiny_random_llama(
@@ -137,6 +139,7 @@ def tiny_random_llama(
     num_layers: int = 2,
     num_heads: int = 4,
     max_position_embeddings: int = 256,
+    num_kv_heads: int | None = None,
     seed: int = 0,
     init_std: float = 0.5,
 ) -> LlamaForCausalLM:
@@ -151,7 +154,7 @@ def tiny_random_llama(
         intermediate_size=2 * hidden_size,
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
-        num_key_value_heads=num_heads,
+        num_key_value_heads=num_kv_heads or num_heads,
         max_position_embeddings=max_position_embeddings,
         initializer_range=init_std,
         bos_token_id=0,
@@ -166,12 +169,12 @@ def tiny_random_llama(
 
 
 def tiny_random_target(
-    vocab_size: int = 16, seed: int = 0, tokenizer: str | None = None, **kwargs: int
+    vocab_size: int = 16, seed: int = 0, tokenizer: str | None = None, fast: bool | str = "auto", **kwargs: int
 ) -> TargetModel:
     """`tiny_random_llama` wrapped as a target with no EOS token.
 
     tokenizer: optional model name whose tokenizer to attach (its vocabulary must fit vocab_size),
-    so the CLI can run end to end on a model that loads in milliseconds.
+    so the CLI can run end to end on a model that loads in milliseconds. fast: see `TargetModel`.
     """
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None
     if tok is not None and len(tok) > vocab_size:
@@ -180,4 +183,4 @@ def tiny_random_target(
             f"set vocab_size >= {len(tok)}."
         )
     model = tiny_random_llama(vocab_size=vocab_size, seed=seed, **kwargs)
-    return TargetModel(model, tokenizer=tok, eos_token_ids=[])
+    return TargetModel(model, tokenizer=tok, eos_token_ids=[], fast=fast)
