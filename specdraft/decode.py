@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from specdraft.gamma import FixedGamma, GammaPolicy, make_gamma_policy
+from specdraft.costs import cached_verify_curve
+from specdraft.gamma import CostModelGamma, FixedGamma, GammaPolicy, make_gamma_policy
 from specdraft.protocol import Draft, DraftContext, Drafter
 from specdraft.sampling import SamplingConfig, warp
 from specdraft.stats import GenerationStats
@@ -42,6 +43,8 @@ class SpeculativeDecoder:
     num_draft_tokens: K, the draft tokens asked for per round (>= 0), or "auto": the online cost
         model of `specdraft.gamma` picks K each round (0 = a plain AR round when drafting does not pay).
     max_draft_tokens: the largest K "auto" may choose.
+    verify_curve: for "auto": the target's T_v(k)/T_v(0); "cached" = measured once per model and
+        device and cached on disk (specdraft/costs.py, ~1 s the first time); None = a slope prior.
     sampling: temperature / top-k / top-p / seed, applied identically to target and drafter.
     sampler: the lossless verifier for temperature > 0 (injectable only so that audits such as
         `specdraft-check` can prove they catch a broken one).
@@ -55,8 +58,16 @@ class SpeculativeDecoder:
         sampling: SamplingConfig | None = None,
         sampler: Callable[..., VerifyResult] = rejection_sample,
         max_draft_tokens: int = 8,
+        verify_curve: Sequence[float] | str | None = "cached",
     ) -> None:
         policy = make_gamma_policy(num_draft_tokens, max_k=max_draft_tokens)  # validates
+        if isinstance(policy, CostModelGamma) and drafter is not None and verify_curve is not None:
+            if verify_curve == "cached":
+                policy.verify_curve = cached_verify_curve(target, max_draft_tokens)
+            elif isinstance(verify_curve, str):
+                raise ValueError(f"verify_curve must be 'cached', None or a list of floats, got {verify_curve!r}.")
+            else:
+                policy.verify_curve = [float(c) for c in verify_curve]
         self.target = target
         self.drafter = drafter
         self.policy: GammaPolicy = policy if drafter is not None else FixedGamma(0)

@@ -16,8 +16,10 @@ and every round picks
 i.e. the K with the most expected emitted tokens per second, *including K = 0* (plain AR) when
 drafting does not pay. Estimates are exponential moving averages, so they follow the prompt (a copy
 region makes the n-gram drafter right for a while, then wrong). Unmeasured k get T_v(k) from the
-nearest measured k plus a per-token slope (prior: 10% of T_v(0) per token, DESIGN §8) and T_d(k)
-linearly from the measured per-token drafting cost. When K* = 0 the policy still probes k = 1 every
+target's measured verify-cost curve (specdraft/costs.py, T_v(k)/T_v(0) cached per model and device)
+scaled to this run's measured T_v; without a curve, from the nearest measured k plus a per-token
+slope (prior: 10% of T_v(0) per token). T_d(k) grows linearly with the measured per-token drafting
+cost. When K* = 0 the policy still probes k = 1 every
 `probe_every` rounds, so a drafter that becomes useful again is noticed (cost: a few % of a round),
 unless even a fully accepted k = 1 round would be slower per token than AR (then probing cannot pay).
 """
@@ -57,6 +59,7 @@ class CostModelGamma:
     max_k: largest K ever drafted. decay: weight of history in the moving averages.
     prior_accept / prior_weight: Beta prior on each a_i (optimistic enough to try drafting).
     slope_prior: assumed extra verify cost per draft token, as a fraction of T_v(0).
+    verify_curve: measured T_v(k) / T_v(0) for k = 0.. (specdraft/costs.py); None = slope prior.
     """
 
     max_k: int = 8
@@ -65,6 +68,7 @@ class CostModelGamma:
     prior_weight: float = 2.0
     slope_prior: float = 0.1
     probe_every: int = 16
+    verify_curve: list[float] | None = None
     _accepted: list[float] = field(default_factory=list, repr=False)
     _reached: list[float] = field(default_factory=list, repr=False)
     _verify: dict[int, float] = field(default_factory=dict, repr=False)
@@ -87,6 +91,10 @@ class CostModelGamma:
         """Estimated T_v(k): measured, or extrapolated from the nearest measured k."""
         if k in self._verify:
             return self._verify[k]
+        curve = self.verify_curve
+        if curve is not None and k < len(curve):  # the measured shape, scaled to this run's timings
+            known = [self._verify[m] / curve[m] for m in self._verify if m < len(curve)]
+            return curve[k] * (sum(known) / len(known) if known else 1.0)
         if not self._verify:
             return 1.0 + self.slope_prior * k  # relative units until something is measured
         ks = sorted(self._verify)
@@ -141,10 +149,13 @@ class CostModelGamma:
             self._draft_per_token = per_token if prev is None else d * prev + (1 - d) * per_token
 
 
-def make_gamma_policy(num_draft_tokens: int | str, max_k: int = 8) -> GammaPolicy:
-    """`num_draft_tokens` as users write it: an int >= 0, or "auto" (the cost model up to max_k)."""
+def make_gamma_policy(
+    num_draft_tokens: int | str, max_k: int = 8, verify_curve: list[float] | None = None
+) -> GammaPolicy:
+    """`num_draft_tokens` as users write it: an int >= 0, or "auto" (the cost model up to max_k,
+    starting from `verify_curve` if given)."""
     if num_draft_tokens == "auto":
-        return CostModelGamma(max_k=max_k)
+        return CostModelGamma(max_k=max_k, verify_curve=verify_curve)
     if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 0:
         raise ValueError(
             f"num_draft_tokens must be an integer >= 0 (0 = plain autoregressive) or 'auto', "

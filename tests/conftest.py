@@ -6,6 +6,8 @@ synchronisation, which on a loaded 2-core machine makes them ~50x slower with 2 
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -13,6 +15,10 @@ import torch
 
 from specdraft.models import tiny_random_target
 from specdraft.target import TargetModel
+
+# Measured verify-cost curves (specdraft/costs.py) go to a throwaway directory, not the user's cache;
+# subprocess CLI tests inherit it.
+os.environ.setdefault("SPECDRAFT_CACHE_DIR", tempfile.mkdtemp(prefix="specdraft-test-cache-"))
 
 
 @pytest.fixture(autouse=True)

@@ -76,3 +76,22 @@ def test_make_policy_validates() -> None:
     for bad in (-1, "many", 2.5, True):
         with pytest.raises(ValueError, match="num_draft_tokens"):
             make_gamma_policy(bad)
+
+
+def test_unmeasured_k_follow_the_measured_curve_scaled_to_this_run() -> None:
+    curve = [1.0, 1.5, 1.1, 1.2, 2.0]  # non-monotone, as the plain CPU forward was
+    policy = CostModelGamma(max_k=4, verify_curve=curve)
+    assert [policy.verify_cost(k) for k in range(5)] == curve  # relative units before any timing
+    policy.observe(0, 0, 0.0, 0.05)  # this run's T_v(0) is 50 ms
+    assert policy.verify_cost(2) == pytest.approx(0.055)
+    assert policy.verify_cost(4) == pytest.approx(0.100)
+    assert policy.verify_cost(0) == 0.05  # measured k keep their own estimate
+
+
+def test_curve_makes_the_first_choice_avoid_an_expensive_k() -> None:
+    """With an optimistic acceptance prior, K = 1 is never chosen when the curve says it costs
+    more than K = 2 (the shape the slope prior cannot know)."""
+    curve = [1.0, 1.6, 1.05, 1.1, 1.9]
+    policy = CostModelGamma(max_k=4, verify_curve=curve, prior_accept=0.6)
+    assert policy.choose(1) == 0
+    assert policy.choose(4) == 3

@@ -1,0 +1,78 @@
+"""The target's verify-cost curve T_v(k) / T_v(0), measured once per model and device and cached on
+disk, so the cost model's choice of K follows the real curve from the first round instead of a
+guessed slope (on this CPU the plain HF forward made T_v non-monotone; the fast stack made it flat).
+
+T_v(k) is the target forward that scores k draft tokens, i.e. k + 1 new positions, after a cached
+context; the curve is the same measurement as benchmarks/verify_cost.py, shortened.
+Cache: $SPECDRAFT_CACHE_DIR/verify_cost.json (default ~/.cache/specdraft), keyed by the model's
+config, device, dtype, fast/plain stack, torch version and thread count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from specdraft.target import TargetModel
+
+CACHE_FILE = "verify_cost.json"
+
+
+def cache_dir() -> Path:
+    """Where measured curves are kept ($SPECDRAFT_CACHE_DIR or ~/.cache/specdraft)."""
+    return Path(os.environ.get("SPECDRAFT_CACHE_DIR") or Path.home() / ".cache" / "specdraft")
+
+
+def cost_key(target: TargetModel) -> str:
+    """What the curve depends on: architecture/size, device, dtype, stack, torch and threads."""
+    config = target.config.to_json_string(use_diff=False)
+    parts = [
+        hashlib.sha1(config.encode()).hexdigest()[:16], str(target.device), str(target.lm_head.weight.dtype),
+        "fast" if target.fast else "plain", torch.__version__, f"threads={torch.get_num_threads()}",
+    ]
+    return "|".join(parts)
+
+
+def measure_verify_curve(target: TargetModel, max_k: int, context: int = 256, reps: int = 3) -> list[float]:
+    """[T_v(0), ..., T_v(max_k)] / T_v(0): median of `reps` interleaved timings after `context`
+    cached positions (fewer if the model's context is short). Leaves the target's cache empty."""
+    context = max(1, min(context, target.max_context - max_k - 2))
+    ids = (torch.arange(context + max_k + 1) * 7919 % target.vocab_size)[None].to(target.device)  # [1, T]
+    target.reset()
+    target.forward(ids[:, :context], num_logits=0)
+    times: list[list[float]] = [[] for _ in range(max_k + 1)]
+    for _ in range(reps + 1):  # the first sweep only warms up
+        for k in range(max_k + 1):
+            t0 = time.perf_counter()
+            target.forward(ids[:, context : context + k + 1])
+            times[k].append(time.perf_counter() - t0)
+            target.crop(context)
+    target.reset()
+    medians = [statistics.median(t[1:]) for t in times]
+    return [m / medians[0] for m in medians]
+
+
+def cached_verify_curve(target: TargetModel, max_k: int) -> list[float]:
+    """The curve for this target from the on-disk cache, measured (and stored) if missing."""
+    path = cache_dir() / CACHE_FILE
+    key = cost_key(target)
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        table = {}
+    curve = table.get(key)
+    if isinstance(curve, list) and len(curve) > max_k:
+        return [float(c) for c in curve[: max_k + 1]]
+    curve = measure_verify_curve(target, max_k)
+    table[key] = curve
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(table, indent=1))
+    tmp.replace(path)  # atomic: concurrent sweep jobs never read a half-written file
+    return curve
