@@ -196,19 +196,29 @@ def summarize(method: Method, runs: list[Run], ar_runs: list[Run], t_p0: float) 
 
 # ----------------------------------------------------------------------------- the run
 def build_methods(cfg: DictConfig, target: TargetModel) -> list[Method]:
-    """AR baseline first, then the drafters (cfg.drafter, or bench.drafters), then HF peers."""
+    """AR baseline first, then the drafters (cfg.drafter, or bench.drafters), then HF peers.
+    bench.plain_stack adds the AR baseline and every drafter again on the plain Hugging Face
+    forward (`target.fast=false`, same weights), suffixed "[plain]", to show what the fast verifier
+    buys."""
     methods = [Method(AR, decoder=make_decoder(cfg, target, None))]
     names = list(cfg.bench.drafters) if cfg.bench.drafters else []
     drafter_cfgs = {n: drafter_config(n) for n in names} if names else {"drafter": cfg.drafter}
+    targets = [("", target)]
+    if cfg.bench.get("plain_stack") and target.fast:
+        plain = TargetModel(target.model, target.tokenizer, target.eos_token_ids, fast=False)
+        targets.append(("[plain]", plain))
+        methods.append(Method(AR + "[plain]", decoder=make_decoder(cfg, plain, None)))
     drafters = {}
-    for name, dcfg in drafter_cfgs.items():
-        drafter = make_drafter(dcfg)
-        if drafter is None:
-            continue
-        label = name if names else _drafter_label(cfg)
-        drafters[label] = drafter
-        methods.append(Method(label, decoder=make_decoder(cfg, target, drafter),
-                              drafter_class=type(drafter).__name__))
+    for suffix, tgt in targets:
+        for name, dcfg in drafter_cfgs.items():
+            drafter = make_drafter(dcfg)
+            if drafter is None:
+                continue
+            label = (name if names else _drafter_label(cfg)) + suffix
+            if not suffix:
+                drafters[label] = drafter
+            methods.append(Method(label, decoder=make_decoder(cfg, tgt, drafter),
+                                  drafter_class=type(drafter).__name__))
     return methods + make_peers(cfg, target, drafters)
 
 

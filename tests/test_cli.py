@@ -42,10 +42,11 @@ def test_bench_cli(tmp_path: Path) -> None:
     res = run([str(BIN / "specdraft-bench"), *TINY, "suite=quick", "bench.limit=1",
                "bench.categories=[code_edit,qa]", "bench.repetitions=1", "bench.warmup=0",
                "bench.peers=[hf_generate,hf_prompt_lookup]", "bench.hf_prompt_lookup_num_tokens=[3]",
-               "bench.progress=false", f"hydra.run.dir={run_dir}"], tmp_path)
+               "bench.plain_stack=true", "bench.progress=false", f"hydra.run.dir={run_dir}"], tmp_path)
     result = json.loads((run_dir / "results.json").read_text())
     methods = {r["method"] for r in result["records"]}
-    assert methods == {"autoregressive", "ngram", "hf_generate", "hf_prompt_lookup[3]"}
+    assert methods == {"autoregressive", "ngram", "autoregressive[plain]", "ngram[plain]", "hf_generate",
+                       "hf_prompt_lookup[3]"}
     assert {r["prompt"] for r in result["records"]} == {"code_edit-01", "qa-01"}
     assert not result["greedy_mismatches"]
     ngram = next(r for r in result["records"] if r["method"] == "ngram")
