@@ -19,18 +19,17 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
+from specdraft.fast_stack import PackedLinear
 from specdraft.protocol import Draft, DraftContext
 from specdraft.sampling import draw, warp
+from specdraft.target import TargetModel
 from specdraft.vocab import PrunedVocab
-
-if TYPE_CHECKING:
-    from specdraft.target import TargetModel
 
 SHIPPED_DRAFTS = {
     "smollm2-135m-distilled": Path(__file__).resolve().parent.parent
@@ -96,6 +95,8 @@ class DraftModelDrafter:
     pruned_vocab: "auto" = the subset saved with the draft if any (else the full vocabulary);
         None = always the full vocabulary; a path to a `PrunedVocab` JSON; or a `PrunedVocab`.
     strict_tokenizer: raise (instead of warn) when the draft's token texts differ from the target's.
+    fast: run the draft on the fast layer stack (`TargetModel(fast=...)`: packed weights, in-place
+        KV cache); "auto" = when its architecture supports it.
     """
 
     needs_target_hidden: ClassVar[bool] = False
@@ -105,14 +106,17 @@ class DraftModelDrafter:
         model: str | nn.Module = "smollm2-135m-distilled",
         pruned_vocab: str | PrunedVocab | None = AUTO,
         strict_tokenizer: bool = False,
+        fast: bool | str = "auto",
     ) -> None:
         self.model_spec = model
+        self.fast = fast
         self.pruned_vocab_spec = pruned_vocab
         self.strict_tokenizer = strict_tokenizer
         self.model: PreTrainedModel | None = None
         self.vocab: PrunedVocab | None = None
         self._head: Tensor | None = None  # [M or V, H]
-        self._cache: DynamicCache | None = None
+        self._runner: TargetModel | None = None  # the draft's own layers + KV cache (fast stack)
+        self._head_linear: PackedLinear | None = None
         self._ids: Tensor | None = None  # [1, L] tokens whose KV is in the cache
 
     def hf_assistant_model(self) -> PreTrainedModel:
@@ -149,6 +153,8 @@ class DraftModelDrafter:
         self.vocab = vocab.to(target.device) if vocab is not None else None
         weight = self.model.get_output_embeddings().weight
         self._head = vocab.head(weight) if vocab is not None else weight.detach()  # [M or V, H]
+        self._runner = TargetModel(self.model, fast=self.fast)  # same fast path as the target
+        self._head_linear = PackedLinear(self._head, None)
         self.reset()
 
     def _check_token_texts(self, draft_tok: object | None, target_tok: object | None, n: int = 64) -> None:
@@ -171,7 +177,8 @@ class DraftModelDrafter:
     # ------------------------------------------------------------------------------ protocol
     def reset(self) -> None:
         """New prompt: an empty cache."""
-        self._cache = DynamicCache(config=self.model.config) if self.model is not None else None
+        if self._runner is not None:
+            self._runner.reset()
         self._ids = None
 
     def commit(self, ctx: DraftContext, num_accepted: int) -> None:
@@ -205,11 +212,10 @@ class DraftModelDrafter:
     # ------------------------------------------------------------------------------ internals
     def _next_logits(self, feed: Tensor) -> Tensor:
         """Run feed [1, n] after the cached positions; logits for the next token [1, M or V]."""
-        assert self.model is not None and self._head is not None
-        out = self.model.base_model(input_ids=feed, cache=self._cache, use_cache=True)
+        assert self._runner is not None and self._head_linear is not None
+        hidden = self._runner.forward(feed, num_logits=0).hidden[:, -1]  # [1, H] post-norm
         self._ids = feed if self._ids is None else torch.cat([self._ids, feed], dim=1)
-        hidden = out.last_hidden_state[:, -1]  # [1, H]
-        return (hidden @ self._head.T).float()  # [1, M or V]
+        return self._head_linear(hidden).float()  # [1, M or V]
 
     def _sync(self, committed: Tensor) -> None:
         """Crop the cache to the longest common prefix of cached tokens and committed [1, T]."""
@@ -226,6 +232,6 @@ class DraftModelDrafter:
         if keep <= 0:
             self.reset()
             return
-        assert self._cache is not None
-        self._cache.crop(keep - self._ids.shape[1])  # negative count removes from the end
+        assert self._runner is not None
+        self._runner.crop(keep)
         self._ids = self._ids[:, :keep]

@@ -139,7 +139,8 @@ class EarlyExitDrafter:
         tokens, probs = [], []
         for _ in range(num_tokens):
             hidden = target.forward_prefix(token.to(target.device), self.exit_layer)  # [1, 1, H]
-            q = warp(exit_logits(target, hidden[:, -1], self.adapter, self._head), ctx.sampling)  # [1, V|M]
+            logits = exit_logits(target, hidden[:, -1], self.adapter, self._head, inference=True)  # [1, V|M]
+            q = warp(logits, ctx.sampling)
             token = draw(q, ctx.sampling, ctx.generator)[:, None]  # [1, 1]
             if self.vocab is not None:
                 q, token = self.vocab.expand(q), self.vocab.to_target(token)

@@ -16,7 +16,7 @@ one extra copy of the weights in memory.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +26,10 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 FAST_MODEL_TYPES = ("llama", "mistral", "qwen2")
 _PACK_ROWS = 16  # oneDNN packing hint: the row count the layout is tuned for (1..16 all measured)
+_MIN_ROWS = 4  # fewer rows are zero-padded to 4: oneDNN's 1-3-row kernels stream the weights slower.
+# Measured: the 121 products of a SmolLM2-135M forward, weights streamed from memory, 25.7 ms at 1
+# row, 27.6 at 2, ~22 at 1 or 2 rows padded to 4; whole forward at context 512: T_p(2)/T_p(1) 1.19
+# -> 1.03, T_p(1) unchanged (benchmarks/RESULTS.md section 4).
 
 
 def fast_path_unsupported(model: nn.Module) -> str | None:
@@ -37,6 +41,10 @@ def fast_path_unsupported(model: nn.Module) -> str | None:
         return "sliding-window attention is not implemented in the fast stack"
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"hidden_act {config.hidden_act!r} is not silu"
+    linears = [m for n, m in model.named_modules() if n.rsplit(".", 1)[-1].endswith("_proj")]
+    odd = [type(m).__name__ for m in linears if type(m) is not nn.Linear or not m.weight.is_floating_point()]
+    if odd:
+        return f"its projections are {odd[0]} modules (quantized?), not float nn.Linear"
     return None
 
 
@@ -58,8 +66,11 @@ class PackedLinear:
         if not self.packed:
             return F.linear(x, self.weight, self.bias)
         rows = x.reshape(-1, x.shape[-1])  # [N, I]
-        y = torch.ops.mkldnn._linear_pointwise(rows, self.weight, self.bias, "none", [], "")  # [N, O]
-        return y.view(*x.shape[:-1], self.out_features)
+        n = rows.shape[0]
+        if n < _MIN_ROWS:
+            rows = torch.cat([rows, rows.new_zeros(_MIN_ROWS - n, rows.shape[1])])  # [4, I]
+        y = torch.ops.mkldnn._linear_pointwise(rows, self.weight, self.bias, "none", [], "")  # [N|4, O]
+        return y[:n].view(*x.shape[:-1], self.out_features)
 
 
 def _fused(modules: Sequence[nn.Linear]) -> PackedLinear:
@@ -96,9 +107,11 @@ class KVBuffer:
         self.keys = [self._empty(self.capacity) for _ in range(num_layers)]
         self.values = [self._empty(self.capacity) for _ in range(num_layers)]
         self.lengths = [0] * num_layers
+        self.version = 0  # bumped whenever the buffers move (captured CUDA graphs become stale)
 
     def _empty(self, capacity: int) -> Tensor:
-        return torch.empty(self.batch, self.kv_heads, capacity, self.head_dim, dtype=self.dtype, device=self.device)
+        # zeros, not empty: the static (CUDA-graph) attention reads masked slots too, and 0 * NaN = NaN
+        return torch.zeros(self.batch, self.kv_heads, capacity, self.head_dim, dtype=self.dtype, device=self.device)
 
     def append(self, layer: int, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """Write keys/values [B, kv_heads, n, D] after the layer's cached positions; return views of
@@ -111,6 +124,11 @@ class KVBuffer:
         self.values[layer][:, :, start:end] = values
         self.lengths[layer] = end
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+
+    def reserve(self, capacity: int) -> None:
+        """Make the buffers hold `capacity` positions now (CUDA graphs need buffers that never move)."""
+        if capacity > self.capacity:
+            self._grow(capacity)
 
     def _grow(self, needed: int) -> None:
         if needed > self.max_length:
@@ -125,6 +143,7 @@ class KVBuffer:
                 new[:, :, : self.lengths[i]] = old[:, :, : self.lengths[i]]
                 store[i] = new
         self.capacity = capacity
+        self.version += 1
 
     def crop(self, length: int, num_layers: int) -> None:
         """Forget positions >= length in the first num_layers layers (no copy)."""
@@ -180,6 +199,10 @@ class FastStack:
 
     # ------------------------------------------------------------------ cache
     def reset(self, batch: int = 1) -> None:
+        """Empty cache; the buffers are kept (no allocation per generation, graphs stay valid)."""
+        if self.kv is not None and self.kv.batch == batch:
+            self.kv.lengths = [0] * self.num_layers
+            return
         self.kv = KVBuffer(
             self.num_layers, (batch, self.kv_heads, self.head_dim), self.final_norm.dtype,
             self.final_norm.device, int(getattr(self.config, "max_position_embeddings", 1 << 20)),
@@ -227,7 +250,7 @@ class FastStack:
         if self.kv is None:
             self.reset(hidden.shape[0])
         assert self.kv is not None
-        batch, k, _ = hidden.shape
+        k = hidden.shape[1]
         past = self.kv.lengths[start]
         if position_ids is None:
             position_ids = torch.arange(first_position, first_position + k, device=hidden.device)[None]  # [1, k]
@@ -236,21 +259,61 @@ class FastStack:
             cols = torch.arange(past + k, device=hidden.device)  # [past + k]
             mask = cols[None] <= (past + torch.arange(k, device=hidden.device))[:, None]  # [k, past + k]
         cos, sin = self.rotary_emb(hidden, position_ids=position_ids)  # [B|1, k, D] each
-        q_size, kv_size = self.num_heads * self.head_dim, self.kv_heads * self.head_dim
+        kv = self.kv
+
+        def attend(i: int, q: Tensor, key: Tensor, val: Tensor) -> Tensor:
+            keys, values = kv.append(i, key, val)  # [B, kvh, past + k, D]
+            return self._attention(q, keys, values, mask)
+
         for i in range(start, end):
-            layer = self.layers[i]
-            h = F.rms_norm(hidden, (hidden.shape[-1],), layer.norm1, self.eps)
-            q, key, val = layer.qkv(h).split([q_size, kv_size, kv_size], dim=-1)  # [B, k, *]
-            q = q.view(batch, k, self.num_heads, self.head_dim).transpose(1, 2)  # [B, nh, k, D]
-            key = key.view(batch, k, self.kv_heads, self.head_dim).transpose(1, 2)  # [B, kvh, k, D]
-            val = val.view(batch, k, self.kv_heads, self.head_dim).transpose(1, 2)
-            q, key = apply_rotary_pos_emb(q, key, cos, sin)
-            keys, values = self.kv.append(i, key, val)  # [B, kvh, past + k, D]
-            attn = F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=mask, scale=self.scaling, enable_gqa=self.kv_heads != self.num_heads
-            )  # [B, nh, k, D]
-            hidden = hidden + layer.out(attn.transpose(1, 2).reshape(batch, k, q_size))
-            h = F.rms_norm(hidden, (hidden.shape[-1],), layer.norm2, self.eps)
-            gate, up = layer.gate_up(h).chunk(2, dim=-1)  # [B, k, I] each
-            hidden = hidden + layer.down(F.silu(gate) * up)
+            hidden = self._layer(i, hidden, cos, sin, attend)
         return hidden
+
+    def _attention(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
+        """q [B, nh, k, D] over keys/values [B, kvh, S, D] (grouped heads, no repeat) -> [B, nh, k, D]."""
+        return F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, scale=self.scaling, enable_gqa=self.kv_heads != self.num_heads
+        )
+
+    def _layer(self, i: int, hidden: Tensor, cos: Tensor, sin: Tensor,
+               attend: Callable[[int, Tensor, Tensor, Tensor], Tensor]) -> Tensor:
+        """Decoder layer i on hidden [B, k, H]; `attend(i, q, key, val)` stores the new K/V and
+        returns the attention output [B, nh, k, D]."""
+        layer = self.layers[i]
+        batch, k, _ = hidden.shape
+        q_size, kv_size = self.num_heads * self.head_dim, self.kv_heads * self.head_dim
+        h = F.rms_norm(hidden, (hidden.shape[-1],), layer.norm1, self.eps)
+        q, key, val = layer.qkv(h).split([q_size, kv_size, kv_size], dim=-1)  # [B, k, *]
+        q = q.view(batch, k, self.num_heads, self.head_dim).transpose(1, 2)  # [B, nh, k, D]
+        key = key.view(batch, k, self.kv_heads, self.head_dim).transpose(1, 2)  # [B, kvh, k, D]
+        val = val.view(batch, k, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, key = apply_rotary_pos_emb(q, key, cos, sin)
+        attn = attend(i, q, key, val)  # [B, nh, k, D]
+        hidden = hidden + layer.out(attn.transpose(1, 2).reshape(batch, k, q_size))
+        h = F.rms_norm(hidden, (hidden.shape[-1],), layer.norm2, self.eps)
+        gate, up = layer.gate_up(h).chunk(2, dim=-1)  # [B, k, I] each
+        return hidden + layer.down(F.silu(gate) * up)
+
+    def run_static(self, token_ids: Tensor, base: Tensor) -> Tensor:
+        """All layers on token_ids [B, k] at positions base..base+k-1 (base: a [1] long tensor on
+        the device), attending over the whole preallocated buffer with a mask: no shape and no host
+        value depends on the cache length, so this is what a CUDA graph captures
+        (specdraft/cuda_graphs.py). Writes K/V in place; the caller advances the lengths.
+        Returns post-norm hidden [B, k, H]."""
+        assert self.kv is not None
+        k = token_ids.shape[1]
+        positions = base + torch.arange(k, device=token_ids.device)  # [k]
+        hidden = self.embed(token_ids)  # [B, k, H]
+        cos, sin = self.rotary_emb(hidden, position_ids=positions[None])  # [1, k, D]
+        cols = torch.arange(self.kv.capacity, device=token_ids.device)  # [S]
+        mask = cols[None] <= positions[:, None]  # [k, S]: cached positions and the block causally
+        kv = self.kv
+
+        def attend(i: int, q: Tensor, key: Tensor, val: Tensor) -> Tensor:
+            kv.keys[i].index_copy_(2, positions, key)
+            kv.values[i].index_copy_(2, positions, val)
+            return self._attention(q, kv.keys[i], kv.values[i], mask)
+
+        for i in range(self.num_layers):
+            hidden = self._layer(i, hidden, cos, sin, attend)
+        return self.norm(hidden)

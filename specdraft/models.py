@@ -125,12 +125,13 @@ def load_target(
     dtype: torch.dtype | str | None = None,
     with_tokenizer: bool = True,
     fast: bool | str = "auto",
+    cuda_graphs: bool | str = "auto",
 ) -> TargetModel:
-    """Load model + tokenizer and wrap them in a `TargetModel` (fast: the fast layer stack, see
-    `TargetModel`; "auto" = when the architecture supports it)."""
+    """Load model + tokenizer and wrap them in a `TargetModel` (fast: the fast layer stack;
+    cuda_graphs: graphed verify forwards on CUDA; "auto" = when supported; see `TargetModel`)."""
     model = load_model(name_or_path, device=device, dtype=dtype)
     tokenizer = load_tokenizer(name_or_path) if with_tokenizer else None
-    return TargetModel(model, tokenizer=tokenizer, fast=fast)
+    return TargetModel(model, tokenizer=tokenizer, fast=fast, cuda_graphs=cuda_graphs)
 
 
 def tiny_random_llama(

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
+from specdraft.cuda_graphs import VerifyGraphs
 from specdraft.fast_stack import FastStack, fast_path_unsupported
 from specdraft.hf_stack import HFStack
 
@@ -49,7 +50,12 @@ class TargetModel:
         specdraft/fast_stack.py) instead of the plain Hugging Face forward (`HFStack`). "auto" =
         fast when the architecture supports it. The plain path stays for comparison
         (`target.fast=false`). `model` itself is never modified: drafters may read its weights.
+    cuda_graphs: replay the verify forward (k <= 17 new positions) as CUDA graphs
+        (specdraft/cuda_graphs.py); "auto" = when fast and the model is on CUDA.
     """
+
+    GRAPH_POSITIONS = 17  # verify forwards of up to 16 draft tokens + the newest token are graphed
+    GRAPH_CONTEXT = 4096  # KV positions preallocated when graphs are on (the buffer must not move)
 
     def __init__(
         self,
@@ -57,6 +63,7 @@ class TargetModel:
         tokenizer: object | None = None,
         eos_token_ids: list[int] | None = None,
         fast: bool | str = "auto",
+        cuda_graphs: bool | str = "auto",
     ) -> None:
         model.eval()
         self.model = model
@@ -69,12 +76,22 @@ class TargetModel:
         )
         self.fast = _resolve_fast(model, fast)
         self._stack: FastStack | HFStack = FastStack(model) if self.fast else HFStack(model)
+        self._graphs: VerifyGraphs | None = None
+        if _resolve_graphs(self, cuda_graphs):
+            assert isinstance(self._stack, FastStack)
+            capacity = min(self.max_context, self.GRAPH_CONTEXT + self.GRAPH_POSITIONS)
+            self._graphs = VerifyGraphs(self._stack, self.GRAPH_POSITIONS, capacity)
         self._prefix: _PrefixState | None = None  # see forward_prefix (early exit)
 
     # ----------------------------------------------------------------------------- properties
     @property
     def device(self) -> torch.device:
         return self.lm_head.weight.device
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Whether verify forwards are replayed as CUDA graphs."""
+        return self._graphs is not None
 
     @property
     def vocab_size(self) -> int:
@@ -107,6 +124,8 @@ class TargetModel:
         """Start a new sequence: an empty KV cache."""
         self._stack.reset()
         self._prefix = None
+        if self._graphs is not None:
+            self._stack.kv.reserve(self._graphs.capacity)  # type: ignore[union-attr]
 
     def crop(self, length: int) -> None:
         """Keep the first `length` positions of the KV cache (roll back rejected draft tokens)."""
@@ -150,9 +169,17 @@ class TargetModel:
             hidden = self._stack.forward(token_ids, attention_mask, position_ids)
         elif self._prefix is not None:
             hidden = self._forward_after_prefix(token_ids)  # [B, k, H]
+        elif self._graphs is not None and self._graphs.usable(token_ids):
+            hidden = self._graphs.run(token_ids)
         else:
             hidden = self._stack.forward(token_ids)
         return self._output(hidden, num_logits)
+
+    @torch.inference_mode()
+    def logits(self, hidden: Tensor) -> Tensor:
+        """float32 logits [..., V] of post-norm hidden states [..., H] through the lm_head, on the
+        same (packed, when fast) path as `forward`. Inference only (no autograd)."""
+        return self._stack.logits(hidden).float()
 
     def _output(self, hidden: Tensor, num_logits: int | None) -> TargetOutput:
         """Logits of the last `num_logits` positions of post-norm hidden [B, k, H]."""
@@ -226,6 +253,18 @@ class TargetModel:
             hidden = torch.cat([hidden, tail], dim=1)  # [B, k, H]
         hidden = self._stack.run_layers(hidden, st.num_layers, self.num_layers, st.base)
         return self._stack.norm(hidden)
+
+
+def _resolve_graphs(target: TargetModel, cuda_graphs: bool | str) -> bool:
+    """cuda_graphs="auto" -> fast stack on CUDA; True -> both required (clear error otherwise)."""
+    on_cuda = target.fast and target.device.type == "cuda"
+    if cuda_graphs == "auto":
+        return on_cuda
+    if not isinstance(cuda_graphs, bool):
+        raise ValueError(f"cuda_graphs must be true, false or 'auto', got {cuda_graphs!r}.")
+    if cuda_graphs and not on_cuda:
+        raise ValueError("cuda_graphs=true needs the fast stack on a CUDA device; use cuda_graphs=auto.")
+    return cuda_graphs
 
 
 def _resolve_fast(model: PreTrainedModel, fast: bool | str) -> bool:

@@ -114,3 +114,37 @@ def test_unsupported_architecture_falls_back_or_says_why() -> None:
         TargetModel(gpt2, fast=True)
     with pytest.raises(ValueError, match="true, false or 'auto'"):
         TargetModel(tiny_random_llama(), fast="yes")
+
+
+def test_quantized_projections_are_not_packed() -> None:
+    """A model whose projections are not float nn.Linear (e.g. bitsandbytes) stays on the plain path."""
+    model = tiny_random_llama()
+    layer = model.model.layers[0].mlp
+    layer.down_proj = torch.nn.Sequential(layer.down_proj)  # stands in for a quantized module
+    assert TargetModel(model).fast is False
+
+
+def test_static_forward_matches_dynamic_forward_after_rollback() -> None:
+    """`run_static` (what a CUDA graph captures: fixed shapes, attention over the whole buffer with
+    a position mask) computes what the dynamic path computes, stale rejected K/V included."""
+    from specdraft.fast_stack import FastStack
+
+    model = gqa_target().model
+    static, dynamic = FastStack(model), FastStack(model)
+    prompt = torch.tensor([[1, 5, 2, 7, 3, 3, 9, 4]])
+    for stack in (static, dynamic):
+        stack.reset()
+        stack.kv.reserve(48)
+        stack.forward(prompt)
+        stack.forward(torch.tensor([[6, 6, 6, 6]]))  # a draft block ...
+        stack.crop(9, stack.num_layers)  # ... of which one token was accepted
+    new = torch.tensor([[2, 8, 1]])
+    got = static.run_static(new, torch.tensor([9]))
+    want = dynamic.forward(new)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_cuda_graphs_need_cuda() -> None:
+    assert tiny_random_target().cuda_graphs is False  # auto: off on CPU
+    with pytest.raises(ValueError, match="CUDA"):
+        TargetModel(tiny_random_llama(), cuda_graphs=True)

@@ -98,14 +98,18 @@ def load_adapter(directory: str | Path) -> tuple[ExitAdapter, dict]:
 
 
 def exit_logits(
-    target: TargetModel, hidden: Tensor, adapter: nn.Module | None = None, head: Tensor | None = None
+    target: TargetModel, hidden: Tensor, adapter: nn.Module | None = None, head: Tensor | None = None,
+    inference: bool = False,
 ) -> Tensor:
     """Logits [..., V] of the early exit: (adapter) -> target's final norm -> target's lm_head, or
-    [..., M] onto the rows `head` [M, H] of a pruned draft vocabulary."""
+    [..., M] onto the rows `head` [M, H] of a pruned draft vocabulary. inference=True computes the
+    full-vocabulary head on the target's fast path (`TargetModel.logits`, no autograd)."""
     if adapter is not None:
         hidden = adapter(hidden)
     hidden = target.decoder.norm(hidden)
-    return (target.lm_head(hidden) if head is None else hidden @ head.T).float()
+    if head is not None:
+        return (hidden @ head.T).float()
+    return target.logits(hidden) if inference else target.lm_head(hidden).float()
 
 
 # ------------------------------------------------------------------------------ teacher cache
