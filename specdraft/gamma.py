@@ -18,8 +18,9 @@ drafting does not pay. Estimates are exponential moving averages, so they follow
 region makes the n-gram drafter right for a while, then wrong). Unmeasured k get T_v(k) from the
 target's measured verify-cost curve (specdraft/costs.py, T_v(k)/T_v(0) cached per model and device)
 scaled to this run's measured T_v; without a curve, from the nearest measured k plus a per-token
-slope (prior: 10% of T_v(0) per token). T_d(k) grows linearly with the measured per-token drafting
-cost. When K* = 0 the policy still probes k = 1 every
+slope (prior: 10% of T_v(0) per token). T_v is taken as non-decreasing in k (a running max), so a
+noisy dip never makes drafting look free. T_d(k) grows linearly with the measured per-token
+drafting cost. When K* = 0 the policy still probes k = 1 every
 `probe_every` rounds, so a drafter that becomes useful again is noticed (cost: a few % of a round),
 unless even a fully accepted k = 1 round would be slower per token than AR (then probing cannot pay).
 """
@@ -88,7 +89,14 @@ class CostModelGamma:
         return [(acc + w * a0) / (n + w) for acc, n in zip(self._accepted, self._reached)]
 
     def verify_cost(self, k: int) -> float:
-        """Estimated T_v(k): measured, or extrapolated from the nearest measured k."""
+        """Estimated T_v(k), never below the estimate for fewer draft tokens: scoring more
+        positions cannot really be cheaper, and believing a noisy dip (a cached curve or a running
+        average that reads T_v(3) < T_v(0)) would make drafting look free even when nothing is
+        accepted."""
+        return max(self._raw_verify_cost(j) for j in range(k + 1))
+
+    def _raw_verify_cost(self, k: int) -> float:
+        """T_v(k): measured, or from the curve / nearest measured k."""
         if k in self._verify:
             return self._verify[k]
         curve = self.verify_curve

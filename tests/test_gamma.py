@@ -79,19 +79,30 @@ def test_make_policy_validates() -> None:
 
 
 def test_unmeasured_k_follow_the_measured_curve_scaled_to_this_run() -> None:
-    curve = [1.0, 1.5, 1.1, 1.2, 2.0]  # non-monotone, as the plain CPU forward was
+    curve = [1.0, 1.1, 1.3, 1.4, 2.0]
     policy = CostModelGamma(max_k=4, verify_curve=curve)
     assert [policy.verify_cost(k) for k in range(5)] == curve  # relative units before any timing
     policy.observe(0, 0, 0.0, 0.05)  # this run's T_v(0) is 50 ms
-    assert policy.verify_cost(2) == pytest.approx(0.055)
+    assert policy.verify_cost(2) == pytest.approx(0.065)
     assert policy.verify_cost(4) == pytest.approx(0.100)
     assert policy.verify_cost(0) == 0.05  # measured k keep their own estimate
 
 
+def test_verify_cost_never_dips_so_drafting_is_never_free() -> None:
+    """A curve (or a running average) that reads T_v(3) < T_v(0) must not make a never-accepted
+    drafter with a real drafting cost look worth running."""
+    policy = CostModelGamma(max_k=3, verify_curve=[1.0, 1.2, 0.9, 0.85])
+    assert [policy.verify_cost(k) for k in range(4)] == [1.0, 1.2, 1.2, 1.2]
+    for _ in range(40):
+        policy.observe(3, 0, 0.009, 0.042)  # never accepted; verify reads 42 ms, 3 ms per draft token
+    policy.observe(0, 0, 0.0, 0.045)  # an AR round reads 45 ms (noise)
+    assert policy.choose(3) == 0
+
+
 def test_curve_makes_the_first_choice_avoid_an_expensive_k() -> None:
-    """With an optimistic acceptance prior, K = 1 is never chosen when the curve says it costs
-    more than K = 2 (the shape the slope prior cannot know)."""
-    curve = [1.0, 1.6, 1.05, 1.1, 1.9]
+    """The curve's shape decides: K = 1 does not pay when the curve says it costs 1.6x an AR step,
+    longer drafts amortise that cost (the shape a slope prior cannot know)."""
+    curve = [1.0, 1.6, 1.65, 1.7, 1.9]
     policy = CostModelGamma(max_k=4, verify_curve=curve, prior_accept=0.6)
-    assert policy.choose(1) == 0
+    assert policy.choose(1) == 0  # 1.6 expected tokens for 1.6x the cost of one AR step: no gain
     assert policy.choose(4) == 3
