@@ -20,7 +20,7 @@ import torch
 
 from specdraft.protocol import Draft, DraftContext
 from specdraft.sampling import draw, warp
-from specdraft.train.early_exit import VOCAB_FILE, ExitAdapter, exit_logits, load_adapter
+from specdraft.exit_adapter import VOCAB_FILE, ExitAdapter, exit_logits, load_adapter
 from specdraft.vocab import PrunedVocab
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from specdraft.decode import SpeculativeDecoder
 from specdraft.models import tiny_random_target
 from specdraft.sampling import SamplingConfig
 from specdraft.target import TargetModel
-from specdraft.train.early_exit import ExitAdapter, save_adapter
+from specdraft.exit_adapter import ExitAdapter, save_adapter
 from tests.test_quantized import check_pruned_vocab_exact
 from tests.helpers import exact_two_token_distribution, plain_greedy, pooled_chisquare, sample_two_tokens
 

@@ -13,16 +13,8 @@ from drafters.early_exit import EarlyExitDrafter
 from specdraft.models import tiny_random_target
 from specdraft.target import TargetModel
 from specdraft.vocab import PrunedVocab
-from specdraft.train.early_exit import (
-    ExitAdapter,
-    agreement,
-    exit_logits,
-    load_adapter,
-    precompute_teacher,
-    run,
-    save_adapter,
-    train_adapter,
-)
+from specdraft.exit_adapter import ExitAdapter, exit_logits, load_adapter, save_adapter
+from specdraft.train.early_exit import agreement, precompute_teacher, run, train_adapter
 
 
 def teacher_data(target: TargetModel, tmp_path: Path, exit_layer: int = 1) -> dict[str, torch.Tensor]:

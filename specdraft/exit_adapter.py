@@ -1,0 +1,94 @@
+"""The exit adapter of early-exit drafting: a small residual MLP on layer E's hidden state, its
+file format, and the exit's logits. Used by `drafters.early_exit` (inference) and
+`specdraft.train.early_exit` (training).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from specdraft.target import TargetModel
+
+ADAPTER_FILE = "adapter.safetensors"
+CONFIG_FILE = "adapter_config.json"
+VOCAB_FILE = "draft_vocab.json"  # present when the adapter was trained on a pruned draft vocabulary
+
+
+class ExitAdapter(nn.Module):
+    """Residual MLP blocks on the exit layer's hidden state: h + W2 silu(W1 rmsnorm(h)), repeated.
+
+    W2 starts at zero, so an untrained adapter is exactly the identity (the plain early exit).
+    """
+
+    def __init__(self, hidden_size: int, width: int, num_blocks: int = 1, eps: float = 1e-5) -> None:
+        super().__init__()
+        if hidden_size <= 0 or width <= 0 or num_blocks <= 0:
+            raise ValueError(
+                f"ExitAdapter needs positive hidden_size, width and num_blocks, got "
+                f"{hidden_size}, {width}, {num_blocks}."
+            )
+        self.hidden_size, self.width, self.num_blocks, self.eps = hidden_size, width, num_blocks, eps
+        self.norms = nn.ParameterList([nn.Parameter(torch.ones(hidden_size)) for _ in range(num_blocks)])
+        self.up = nn.ModuleList([nn.Linear(hidden_size, width, bias=False) for _ in range(num_blocks)])
+        self.down = nn.ModuleList([nn.Linear(width, hidden_size, bias=False) for _ in range(num_blocks)])
+        for down in self.down:
+            nn.init.zeros_(down.weight)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        """hidden [..., H] -> [..., H] (same dtype)."""
+        for norm, up, down in zip(self.norms, self.up, self.down):
+            x = hidden.float()
+            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * norm
+            hidden = hidden + down(nn.functional.silu(up(x.to(hidden.dtype))))
+        return hidden
+
+    def spec(self) -> dict:
+        """Constructor arguments (saved next to the weights)."""
+        return {"hidden_size": self.hidden_size, "width": self.width,
+                "num_blocks": self.num_blocks, "eps": self.eps}
+
+
+def save_adapter(adapter: ExitAdapter, directory: str | Path, metadata: dict) -> Path:
+    """Write adapter.safetensors + adapter_config.json (spec + how it was made) into directory."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().cpu() for k, v in adapter.state_dict().items()}
+    save_file(state, str(out / ADAPTER_FILE))
+    (out / CONFIG_FILE).write_text(json.dumps({"adapter": adapter.spec(), **metadata}, indent=2) + "\n")
+    return out
+
+
+def load_adapter(directory: str | Path) -> tuple[ExitAdapter, dict]:
+    """Load an adapter directory written by `save_adapter`; returns (adapter, its JSON metadata)."""
+    path = Path(directory)
+    if not (path / ADAPTER_FILE).is_file() or not (path / CONFIG_FILE).is_file():
+        raise ValueError(
+            f"{str(path)!r} is not an exit-adapter directory (needs {ADAPTER_FILE} and "
+            f"{CONFIG_FILE}); train one with `specdraft-train-early-exit`."
+        )
+    meta = json.loads((path / CONFIG_FILE).read_text())
+    adapter = ExitAdapter(**meta["adapter"])
+    adapter.load_state_dict(load_file(str(path / ADAPTER_FILE)))
+    return adapter.eval(), meta
+
+
+def exit_logits(
+    target: TargetModel, hidden: Tensor, adapter: nn.Module | None = None, head: Tensor | None = None,
+    inference: bool = False,
+) -> Tensor:
+    """Logits [..., V] of the early exit: (adapter) -> target's final norm -> target's lm_head, or
+    [..., M] onto the rows `head` [M, H] of a pruned draft vocabulary. inference=True computes the
+    full-vocabulary head on the target's fast path (`TargetModel.logits`, no autograd)."""
+    if adapter is not None:
+        hidden = adapter(hidden)
+    hidden = target.decoder.norm(hidden)
+    if head is not None:
+        return (hidden @ head.T).float()
+    return target.logits(hidden) if inference else target.lm_head(hidden).float()
+
+
