@@ -23,6 +23,8 @@ noisy dip never makes drafting look free. T_d(k) grows linearly with the measure
 drafting cost. When K* = 0 the policy still probes k = 1 every
 `probe_every` rounds, so a drafter that becomes useful again is noticed (cost: a few % of a round),
 unless even a fully accepted k = 1 round would be slower per token than AR (then probing cannot pay).
+The very first draft is a single token, so a slow drafter costs one drafted token, not K, before
+its cost is known.
 """
 
 from __future__ import annotations
@@ -128,6 +130,8 @@ class CostModelGamma:
     def choose(self, k_max: int) -> int:
         k_max = min(k_max, self.max_k)
         best = max(range(k_max + 1), key=lambda k: (self.expected_rate(k), -k))
+        if self._draft_per_token is None:  # drafting cost unknown: measure it with one token first
+            best = min(best, 1)
         if best == 0 and k_max > 0:
             self._rounds_at_zero += 1
             if self._rounds_at_zero % self.probe_every == 0 and self._probe_could_pay():

@@ -258,8 +258,9 @@ class TargetModel:
 def _resolve_graphs(target: TargetModel, cuda_graphs: bool | str) -> bool:
     """cuda_graphs="auto" -> fast stack on CUDA; True -> both required (clear error otherwise)."""
     on_cuda = target.fast and target.device.type == "cuda"
-    if cuda_graphs == "auto":
-        return on_cuda
+    if cuda_graphs == "auto":  # dynamic RoPE variants read the max position on the host: not capturable
+        rope = getattr(getattr(target.decoder, "rotary_emb", None), "rope_type", "default")
+        return on_cuda and rope in ("default", "linear", "llama3")
     if not isinstance(cuda_graphs, bool):
         raise ValueError(f"cuda_graphs must be true, false or 'auto', got {cuda_graphs!r}.")
     if cuda_graphs and not on_cuda:

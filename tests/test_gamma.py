@@ -104,5 +104,17 @@ def test_curve_makes_the_first_choice_avoid_an_expensive_k() -> None:
     longer drafts amortise that cost (the shape a slope prior cannot know)."""
     curve = [1.0, 1.6, 1.65, 1.7, 1.9]
     policy = CostModelGamma(max_k=4, verify_curve=curve, prior_accept=0.6)
-    assert policy.choose(1) == 0  # 1.6 expected tokens for 1.6x the cost of one AR step: no gain
-    assert policy.choose(4) == 3
+    rates = [policy.expected_rate(k) for k in range(5)]
+    assert rates[1] <= rates[0]  # 1.6 expected tokens for 1.6x the cost of one AR step: no gain
+    assert max(range(5), key=lambda k: rates[k]) == 3
+
+
+def test_first_draft_is_one_token_until_the_drafting_cost_is_known() -> None:
+    policy = CostModelGamma(max_k=8, verify_curve=[1.0] * 9, prior_accept=0.9)
+    assert policy.choose(8) == 1
+    policy.observe(1, 1, 0.001, 0.04)  # cheap drafter, accepted
+    assert policy.choose(8) > 1
+    slow = CostModelGamma(max_k=8, verify_curve=[1.0] * 9, prior_accept=0.9)
+    assert slow.choose(8) == 1
+    slow.observe(1, 0, 0.1, 0.04)  # 100 ms per drafted token vs a 40 ms verify: never pays
+    assert slow.choose(8) == 0
