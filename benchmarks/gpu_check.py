@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     ar = SpeculativeDecoder(target, None)
     ar_s = []
     for p in prompts:
-        ar.generate(p, 4)  # warm-up
+        ar.generate(p, args.max_new_tokens)  # warm-up (CUDA graphs are captured on first use)
         _, dt = timed(lambda p=p: ar.generate(p, args.max_new_tokens), device)
         ar_s.append(dt)
     ar_tokens = [len(r) for r in refs]
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         exact, speedups, acc, mal = [], [], [], []
         for p, ref, t_ar, n_ar in zip(prompts, refs, ar_s, ar_tokens, strict=True):
-            dec.generate(p, 4)
+            dec.generate(p, args.max_new_tokens)  # warm-up
             out, dt = timed(lambda p=p: dec.generate(p, args.max_new_tokens), device)
             toks = out.token_ids[0].tolist()
             exact.append(toks == ref)

@@ -38,7 +38,7 @@ class VerifyGraphs:
         self.max_positions = max_positions
         self.capacity = capacity  # KV positions reserved up front (+ scratch), so the buffer never moves
         self._graphs: dict[int, _Graph] = {}
-        self._version = -1
+        self._captured_for: tuple[object, int] | None = None  # (KV buffer, its version) the graphs point into
 
     def usable(self, token_ids: Tensor) -> bool:
         kv = self.stack.kv
@@ -53,9 +53,9 @@ class VerifyGraphs:
         """Replay the graph for k = token_ids.shape[1]; post-norm hidden [1, k, H] (a copy)."""
         kv = self.stack.kv
         assert kv is not None
-        if kv.version != self._version:  # the buffer moved: every captured pointer is stale
-            self._graphs.clear()
-            self._version = kv.version
+        if self._captured_for is None or self._captured_for[0] is not kv or self._captured_for[1] != kv.version:
+            self._graphs.clear()  # a new or moved buffer: every captured pointer is stale
+            self._captured_for = (kv, kv.version)
         k = token_ids.shape[1]
         g = self._graphs.get(k)
         if g is None:

@@ -63,11 +63,11 @@ class SpeculativeDecoder:
         policy = make_gamma_policy(num_draft_tokens, max_k=max_draft_tokens)  # validates
         if isinstance(policy, CostModelGamma) and drafter is not None and verify_curve is not None:
             if verify_curve == "cached":
-                policy.verify_curve = cached_verify_curve(target, max_draft_tokens)
+                policy.set_verify_curve(cached_verify_curve(target, max_draft_tokens))
             elif isinstance(verify_curve, str):
                 raise ValueError(f"verify_curve must be 'cached', None or a list of floats, got {verify_curve!r}.")
             else:
-                policy.verify_curve = [float(c) for c in verify_curve]
+                policy.set_verify_curve([float(c) for c in verify_curve])
         self.target = target
         self.drafter = drafter
         self.policy: GammaPolicy = policy if drafter is not None else FixedGamma(0)

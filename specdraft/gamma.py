@@ -16,11 +16,12 @@ and every round picks
 i.e. the K with the most expected emitted tokens per second, *including K = 0* (plain AR) when
 drafting does not pay. Estimates are exponential moving averages, so they follow the prompt (a copy
 region makes the n-gram drafter right for a while, then wrong). Unmeasured k get T_v(k) from the
-target's measured verify-cost curve (specdraft/costs.py, T_v(k)/T_v(0) cached per model and device)
-scaled to this run's measured T_v; without a curve, from the nearest measured k plus a per-token
-slope (prior: 10% of T_v(0) per token). T_v is taken as non-decreasing in k (a running max), so a
-noisy dip never makes drafting look free. T_d(k) grows linearly with the measured per-token
-drafting cost. When K* = 0 the policy still probes k = 1 every
+target's measured verify-cost curve (specdraft/costs.py, T_v(k)/T_v(0) cached per model and device):
+T_v(k) = s * curve(k), with one scale s that every round updates (so one slow sample at a rarely
+used k cannot freeze the choice at K = 0); without a curve, per-k averages, unmeasured k from the
+nearest measured k plus a per-token slope (prior: 10% of T_v(0) per token). Either way T_v is taken
+as non-decreasing in k, so a noisy dip never makes drafting look free. T_d(k) grows linearly with
+the measured per-token drafting cost. When K* = 0 the policy still probes k = 1 every
 `probe_every` rounds, so a drafter that becomes useful again is noticed (cost: a few % of a round),
 unless even a fully accepted k = 1 round would be slower per token than AR (then probing cannot pay).
 The very first draft is a single token, so a slow drafter costs one drafted token, not K, before
@@ -63,6 +64,8 @@ class CostModelGamma:
     prior_accept / prior_weight: Beta prior on each a_i (optimistic enough to try drafting).
     slope_prior: assumed extra verify cost per draft token, as a fraction of T_v(0).
     verify_curve: measured T_v(k) / T_v(0) for k = 0.. (specdraft/costs.py); None = slope prior.
+    draft_decay: weight of history for the per-token drafting cost, which is only observed on
+        drafting rounds (rare once K = 0 wins), so it must recover from one slow sample quickly.
     """
 
     max_k: int = 8
@@ -72,15 +75,19 @@ class CostModelGamma:
     slope_prior: float = 0.1
     probe_every: int = 16
     verify_curve: list[float] | None = None
+    draft_decay: float = 0.8
     _accepted: list[float] = field(default_factory=list, repr=False)
     _reached: list[float] = field(default_factory=list, repr=False)
     _verify: dict[int, float] = field(default_factory=dict, repr=False)
     _draft_per_token: float | None = field(default=None, repr=False)
     _rounds_at_zero: int = field(default=0, repr=False)
+    _shape: list[float] = field(default_factory=list, repr=False)  # verify_curve, made non-decreasing
+    _scale: float | None = field(default=None, repr=False)  # seconds per curve unit, from every round
 
     def __post_init__(self) -> None:
         if self.max_k < 0:
             raise ValueError(f"max_k must be >= 0, got {self.max_k}.")
+        self.set_verify_curve(self.verify_curve)
         self._accepted = [0.0] * self.max_k
         self._reached = [0.0] * self.max_k
 
@@ -90,21 +97,24 @@ class CostModelGamma:
         w, a0 = self.prior_weight, self.prior_accept
         return [(acc + w * a0) / (n + w) for acc, n in zip(self._accepted, self._reached)]
 
+    def set_verify_curve(self, curve: list[float] | None) -> None:
+        """Use a measured T_v(k)/T_v(0) shape (made non-decreasing: scoring more positions cannot
+        really be cheaper, and a noisy dip would make drafting look free)."""
+        self.verify_curve = None if curve is None else [float(c) for c in curve]
+        self._shape = [] if curve is None else [max(curve[: i + 1]) for i in range(len(curve))]
+
     def verify_cost(self, k: int) -> float:
-        """Estimated T_v(k), never below the estimate for fewer draft tokens: scoring more
-        positions cannot really be cheaper, and believing a noisy dip (a cached curve or a running
-        average that reads T_v(3) < T_v(0)) would make drafting look free even when nothing is
-        accepted."""
+        """Estimated T_v(k). With a curve: its shape times one scale that every round (drafting or
+        not) keeps current, so a slow sample at a rarely used k cannot stick. Without: per-k
+        running averages, never below the estimate for fewer draft tokens."""
+        if k < len(self._shape):
+            return (self._scale or 1.0) * self._shape[k]
         return max(self._raw_verify_cost(j) for j in range(k + 1))
 
     def _raw_verify_cost(self, k: int) -> float:
-        """T_v(k): measured, or from the curve / nearest measured k."""
+        """T_v(k): measured, or from the nearest measured k plus a slope."""
         if k in self._verify:
             return self._verify[k]
-        curve = self.verify_curve
-        if curve is not None and k < len(curve):  # the measured shape, scaled to this run's timings
-            known = [self._verify[m] / curve[m] for m in self._verify if m < len(curve)]
-            return curve[k] * (sum(known) / len(known) if known else 1.0)
         if not self._verify:
             return 1.0 + self.slope_prior * k  # relative units until something is measured
         ks = sorted(self._verify)
@@ -155,10 +165,13 @@ class CostModelGamma:
                 self._accepted[i] += 1.0 if i < num_accepted else 0.0
         old = self._verify.get(num_drafted)
         self._verify[num_drafted] = verify_s if old is None else d * old + (1 - d) * verify_s
+        if num_drafted < len(self._shape):
+            ratio = verify_s / self._shape[num_drafted]
+            self._scale = ratio if self._scale is None else d * self._scale + (1 - d) * ratio
         if num_drafted > 0:
             per_token = draft_s / num_drafted
-            prev = self._draft_per_token
-            self._draft_per_token = per_token if prev is None else d * prev + (1 - d) * per_token
+            prev, dd = self._draft_per_token, self.draft_decay
+            self._draft_per_token = per_token if prev is None else dd * prev + (1 - dd) * per_token
 
 
 def make_gamma_policy(

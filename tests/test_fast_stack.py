@@ -148,3 +148,21 @@ def test_cuda_graphs_need_cuda() -> None:
     assert tiny_random_target().cuda_graphs is False  # auto: off on CPU
     with pytest.raises(ValueError, match="CUDA"):
         TargetModel(tiny_random_llama(), cuda_graphs=True)
+
+
+def test_graphs_are_used_only_where_a_captured_shape_is_valid() -> None:
+    """The CUDA-graph bookkeeping (which forwards may replay a graph) on CPU; capture needs CUDA."""
+    from specdraft.cuda_graphs import VerifyGraphs
+    from specdraft.fast_stack import FastStack
+
+    stack = FastStack(gqa_target(max_position_embeddings=40).model)
+    stack.reset()
+    assert stack.kv.capacity == 40
+    graphs = VerifyGraphs(stack, max_positions=4, capacity=40)
+    stack.forward(torch.tensor([[1] * 30]))
+    assert graphs.usable(torch.tensor([[1, 2, 3, 4]]))
+    assert not graphs.usable(torch.tensor([[1] * 5]))  # longer than any captured k: eager
+    stack.forward(torch.tensor([[1] * 4]))  # 34 cached: 34 + 3 would reach the scratch slots
+    assert not graphs.usable(torch.tensor([[1, 2, 3]]))
+    stack.crop(30, 1)  # only the first layer rolled back (early-exit style): eager
+    assert not graphs.usable(torch.tensor([[1]]))

@@ -118,3 +118,18 @@ def test_first_draft_is_one_token_until_the_drafting_cost_is_known() -> None:
     assert slow.choose(8) == 1
     slow.observe(1, 0, 0.1, 0.04)  # 100 ms per drafted token vs a 40 ms verify: never pays
     assert slow.choose(8) == 0
+
+
+def test_one_slow_verify_does_not_freeze_the_choice_at_zero() -> None:
+    """A noisy 10x verify sample at K = 3 must not keep the policy at K = 0 for good: with a
+    curve, AR rounds keep the one shared scale current, so drafting resumes."""
+    policy = CostModelGamma(max_k=3, verify_curve=[1.0, 1.0, 1.0, 1.0])
+    for _ in range(10):
+        policy.observe(3, 3, 0.001, 0.040)  # a good drafter: everything accepted
+    assert policy.choose(3) == 3
+    policy.observe(3, 0, 0.001, 0.400)  # the machine hiccups once
+    for _ in range(60):
+        if policy.choose(3) > 0:
+            break
+        policy.observe(0, 0, 0.0, 0.040)  # AR rounds at the normal speed
+    assert policy.choose(3) > 0
