@@ -109,7 +109,7 @@ class SpeculativeDecoder:
             hidden = out.hidden[:, -1] if needs_hidden else None  # [1, H]
         stats.prefill_s = time.perf_counter() - t_start
 
-        generated, done = 0, max_new_tokens == 0
+        generated, done, first_round = 0, max_new_tokens == 0, True
         while not done:
             ctx = DraftContext(buf[:, :n], hidden, self.sampling, gen)
             k_max = self.policy.choose(max_new_tokens - generated - 1)
@@ -150,7 +150,10 @@ class SpeculativeDecoder:
                 self.drafter.commit(DraftContext(buf[:, :n], hidden, self.sampling, gen), num_accepted)
                 draft_s += time.perf_counter() - t3
             stats.draft_s += draft_s
-            self.policy.observe(k, num_accepted, draft_s, t2 - t1)
+            # The first round's drafting includes catching the drafter up on the prompt (a draft
+            # model's prefill): not a per-token cost, so the policy does not learn T_d from it.
+            self.policy.observe(k, num_accepted, None if first_round else draft_s, t2 - t1)
+            first_round = False
 
         new_tokens = buf[:, prompt.shape[1] : n].cpu()  # [1, N]
         stats.total_s = time.perf_counter() - t_start

@@ -39,7 +39,9 @@ class GammaPolicy(Protocol):
 
     def choose(self, k_max: int) -> int: ...
 
-    def observe(self, num_drafted: int, num_accepted: int, draft_s: float, verify_s: float) -> None:
+    def observe(self, num_drafted: int, num_accepted: int, draft_s: float | None, verify_s: float) -> None:
+        """draft_s=None: this round's drafting time is not a per-token cost (the first round of a
+        generation also catches the drafter up on the whole prompt)."""
         ...
 
 
@@ -52,7 +54,7 @@ class FixedGamma:
     def choose(self, k_max: int) -> int:
         return min(self.k, k_max)
 
-    def observe(self, num_drafted: int, num_accepted: int, draft_s: float, verify_s: float) -> None:
+    def observe(self, num_drafted: int, num_accepted: int, draft_s: float | None, verify_s: float) -> None:
         """A fixed K learns nothing."""
 
 
@@ -155,7 +157,7 @@ class CostModelGamma:
         token than one AR step; drafters too slow for that (e.g. bitsandbytes on CPU) are not probed."""
         return 2.0 / (self.draft_cost(1) + self.verify_cost(1)) > 1.0 / self.verify_cost(0)
 
-    def observe(self, num_drafted: int, num_accepted: int, draft_s: float, verify_s: float) -> None:
+    def observe(self, num_drafted: int, num_accepted: int, draft_s: float | None, verify_s: float) -> None:
         d = self.decay
         for i in range(min(num_drafted, self.max_k)):
             self._reached[i] *= d
@@ -168,7 +170,7 @@ class CostModelGamma:
         if num_drafted < len(self._shape):
             ratio = verify_s / self._shape[num_drafted]
             self._scale = ratio if self._scale is None else d * self._scale + (1 - d) * ratio
-        if num_drafted > 0:
+        if num_drafted > 0 and draft_s is not None:
             per_token = draft_s / num_drafted
             prev, dd = self._draft_per_token, self.draft_decay
             self._draft_per_token = per_token if prev is None else dd * prev + (1 - dd) * per_token

@@ -133,3 +133,13 @@ def test_one_slow_verify_does_not_freeze_the_choice_at_zero() -> None:
             break
         policy.observe(0, 0, 0.0, 0.040)  # AR rounds at the normal speed
     assert policy.choose(3) > 0
+
+
+def test_a_round_without_a_per_token_draft_cost_teaches_no_draft_cost() -> None:
+    """The decoder passes draft_s=None for a generation's first round (the drafter's prompt
+    catch-up, e.g. a draft model's prefill, would otherwise look like a huge per-token cost)."""
+    policy = CostModelGamma(max_k=8, verify_curve=[1.0] * 9, prior_accept=0.9)
+    policy.observe(1, 1, None, 0.04)
+    assert policy.draft_cost(1) == 0.0 and policy.choose(8) == 1  # still unknown: one token
+    policy.observe(1, 1, 0.002, 0.04)
+    assert policy.draft_cost(1) == pytest.approx(0.002) and policy.choose(8) > 1
