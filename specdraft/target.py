@@ -135,6 +135,7 @@ class TargetModel:
         self._prefix = None  # pending early-exit positions (if any) are beyond `length` too
         self._stack.crop(length, self.num_layers)
 
+    @torch.inference_mode()  # the fast stack's buffers may be inference tensors: copy in that mode
     def keep_positions(self, positions: Sequence[int]) -> None:
         """Keep only the given KV-cache positions, in this order (tree verification: the committed
         prefix + the accepted path, whose K/V are copied into place)."""

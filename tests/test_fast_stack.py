@@ -166,3 +166,17 @@ def test_graphs_are_used_only_where_a_captured_shape_is_valid() -> None:
     assert not graphs.usable(torch.tensor([[1, 2, 3]]))
     stack.crop(30, 1)  # only the first layer rolled back (early-exit style): eager
     assert not graphs.usable(torch.tensor([[1]]))
+
+
+def test_keep_positions_after_the_buffer_grew_inside_a_forward() -> None:
+    """Tree verification copies the accepted path into place; the buffers it writes may have been
+    (re)allocated inside a forward (inference tensors). Found by the Medusa tree bench."""
+    target = gqa_target(max_position_embeddings=1024)
+    ids = torch.randint(0, 16, (1, 300), generator=torch.Generator().manual_seed(2)).tolist()[0]
+    target.reset()
+    target.forward(torch.tensor([ids]), num_logits=0)  # grows 256 -> 512 inside inference mode
+    keep = list(range(290)) + [293, 297]
+    target.keep_positions(keep)
+    assert target.cache_length == 292
+    out = target.forward(torch.tensor([[1]]))
+    assert out.logits.shape == (1, 1, 16) and [k.shape[2] for k, _ in target.cache_tensors()] == [293] * 3
