@@ -31,6 +31,7 @@ from omegaconf import OmegaConf
 from transformers import DynamicCache
 
 from specdraft.build import drafter_config, make_drafter
+from specdraft.costs import cuda_sync, time_forwards
 from specdraft.decode import SpeculativeDecoder
 from specdraft.models import load_target, tiny_random_target
 from specdraft.suites import load_suite
@@ -39,16 +40,11 @@ from specdraft.target import TargetModel
 ALL_DRAFTERS = ["ngram", "draft_model", "quantized", "quantized_nf4", "early_exit", "medusa"]
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def timed(fn: Callable[[], Any], device: torch.device) -> tuple[Any, float]:
-    sync(device)
+    cuda_sync(device)
     t0 = time.perf_counter()
     out = fn()
-    sync(device)
+    cuda_sync(device)
     return out, time.perf_counter() - t0
 
 
@@ -71,17 +67,7 @@ def verify_costs(targets: dict[str, TargetModel], context: int, max_k: int, reps
     """Median seconds of a forward over k = 1..max_k new positions after `context`, per stack."""
     any_target = next(iter(targets.values()))
     ids = (torch.arange(context + max_k) * 7919 % any_target.vocab_size)[None].to(any_target.device)
-    for t in targets.values():
-        t.reset()
-        t.forward(ids[:, :context], num_logits=0)
-    times: dict[tuple[str, int], list[float]] = {(n, k): [] for n in targets for k in range(1, max_k + 1)}
-    for rep in range(reps + 1):  # rep 0 warms up (CUDA kernels, allocator)
-        for k in range(1, max_k + 1):
-            for name, t in targets.items():
-                _, dt = timed(lambda t=t, k=k: t.forward(ids[:, context : context + k]), t.device)
-                if rep:
-                    times[name, k].append(dt)
-                t.crop(context)
+    times = time_forwards(targets, ids, context, range(1, max_k + 1), reps)
     return {n: [statistics.median(times[n, k]) for k in range(1, max_k + 1)] for n in targets}
 
 

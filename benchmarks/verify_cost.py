@@ -5,8 +5,8 @@ and k=5 for both stacks.
 
     .venv/bin/python benchmarks/verify_cost.py [--target smollm2-135m] [--contexts 128 512 2048]
 
-Each (context, k, stack) is timed `--reps` times, interleaved with the others (so drift hits all
-alike); the median is reported. The cache is cropped back after every forward, exactly as the
+Each (context, k, stack) is timed `--reps` times after a warm-up sweep, interleaved with the others
+(`specdraft.costs.time_forwards`, so drift hits all alike); the median is reported. The cache is cropped back after every forward, exactly as the
 decoder does after a fully rejected draft.
 """
 
@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from specdraft.costs import time_forwards
 from specdraft.data import corpus_documents, token_blocks
 from specdraft.models import load_target
 from specdraft.target import TargetModel
@@ -43,17 +43,7 @@ def main() -> None:
     print("| context | stack | T_p(1) ms | " + " | ".join(f"k={k}" for k in ks) + " |")
     print("|---|---|---|" + "---|" * len(ks))
     for ctx in args.contexts:
-        for target in stacks.values():
-            target.reset()
-            target.forward(tokens[None, :ctx], num_logits=0)
-        times: dict[tuple[str, int], list[float]] = {(s, k): [] for s in stacks for k in ks}
-        for _ in range(args.reps):
-            for k in ks:
-                for name, target in stacks.items():
-                    t0 = time.perf_counter()
-                    target.forward(tokens[None, ctx : ctx + k])
-                    times[name, k].append(time.perf_counter() - t0)
-                    target.crop(ctx)
+        times = time_forwards(stacks, tokens[None], ctx, ks, args.reps)
         med = {key: statistics.median(v) for key, v in times.items()}
         for name in stacks:
             t1 = med[name, 1]

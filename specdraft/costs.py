@@ -15,9 +15,11 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
 from specdraft.target import TargetModel
 
@@ -39,22 +41,45 @@ def cost_key(target: TargetModel) -> str:
     return "|".join(parts)
 
 
+def time_forwards(
+    targets: dict[str, TargetModel], ids: Tensor, context: int, positions: Sequence[int], reps: int
+) -> dict[tuple[str, int], list[float]]:
+    """Seconds of one forward over k new positions (k in `positions`) after `context` cached
+    positions of ids [1, T], per target: `reps` timed sweeps after one untimed warm-up sweep,
+    interleaved over k and targets so drift hits all alike; the cache is cropped back after every
+    forward (as after a fully rejected draft). Synchronises CUDA around each timing. Used by the
+    cost model and by benchmarks/verify_cost.py and gpu_check.py."""
+    for target in targets.values():
+        target.reset()
+        target.forward(ids[:, :context], num_logits=0)
+    times: dict[tuple[str, int], list[float]] = {(n, k): [] for n in targets for k in positions}
+    for rep in range(reps + 1):
+        for k in positions:
+            for name, target in targets.items():
+                cuda_sync(target.device)
+                t0 = time.perf_counter()
+                target.forward(ids[:, context : context + k])
+                cuda_sync(target.device)
+                if rep:
+                    times[name, k].append(time.perf_counter() - t0)
+                target.crop(context)
+    return times
+
+
+def cuda_sync(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op off CUDA), so a host timer measures it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def measure_verify_curve(target: TargetModel, max_k: int, context: int = 256, reps: int = 3) -> list[float]:
-    """[T_v(0), ..., T_v(max_k)] / T_v(0): median of `reps` interleaved timings after `context`
-    cached positions (fewer if the model's context is short). Leaves the target's cache empty."""
+    """[T_v(0), ..., T_v(max_k)] / T_v(0): medians of `time_forwards` over k + 1 positions after
+    `context` cached positions (fewer if the model's context is short). Leaves the cache empty."""
     context = max(1, min(context, target.max_context - max_k - 2))
     ids = (torch.arange(context + max_k + 1) * 7919 % target.vocab_size)[None].to(target.device)  # [1, T]
+    times = time_forwards({"target": target}, ids, context, range(1, max_k + 2), reps)
     target.reset()
-    target.forward(ids[:, :context], num_logits=0)
-    times: list[list[float]] = [[] for _ in range(max_k + 1)]
-    for _ in range(reps + 1):  # the first sweep only warms up
-        for k in range(max_k + 1):
-            t0 = time.perf_counter()
-            target.forward(ids[:, context : context + k + 1])
-            times[k].append(time.perf_counter() - t0)
-            target.crop(context)
-    target.reset()
-    medians = [statistics.median(t[1:]) for t in times]
+    medians = [statistics.median(times["target", k + 1]) for k in range(max_k + 1)]
     return [m / medians[0] for m in medians]
 
 

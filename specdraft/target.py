@@ -186,7 +186,7 @@ class TargetModel:
         """Logits of the last `num_logits` positions of post-norm hidden [B, k, H]."""
         n = hidden.shape[1] if num_logits is None else num_logits
         if n > 0:
-            logits = self._stack.logits(hidden[:, hidden.shape[1] - n :]).float()  # [B, n, V]
+            logits = self.logits(hidden[:, hidden.shape[1] - n :])  # [B, n, V] float32
         else:
             logits = hidden.new_zeros((hidden.shape[0], 0, self.vocab_size))
         return TargetOutput(logits=logits, hidden=hidden)
