@@ -21,9 +21,12 @@ T_v(k) = s * curve(k), with one scale s that every round updates (so one slow sa
 used k cannot freeze the choice at K = 0); without a curve, per-k averages, unmeasured k from the
 nearest measured k plus a per-token slope (prior: 10% of T_v(0) per token). Either way T_v is taken
 as non-decreasing in k, so a noisy dip never makes drafting look free. T_d(k) grows linearly with
-the measured per-token drafting cost. When K* = 0 the policy still probes k = 1 every
-`probe_every` rounds, so a drafter that becomes useful again is noticed (cost: a few % of a round),
-unless even a fully accepted k = 1 round would be slower per token than AR (then probing cannot pay).
+the measured per-token drafting cost. When K* = 0 the policy still probes k = 1 after
+`probe_every` rounds at K = 0, so a drafter that becomes useful again is noticed; every probe that
+is rejected doubles that interval (up to `max_probe_every`) and an accepted probe resets it, so a
+drafter that stays wrong costs ever fewer probes (short generations, where one probe is several % of
+the time, stop paying for them). No probe at all when even a fully accepted k = 1 round would be
+slower per token than AR (then probing cannot pay).
 The very first draft is a single token, so a slow drafter costs one drafted token, not K, before
 its cost is known.
 """
@@ -76,6 +79,7 @@ class CostModelGamma:
     prior_weight: float = 2.0
     slope_prior: float = 0.1
     probe_every: int = 16
+    max_probe_every: int = 256
     verify_curve: list[float] | None = None
     draft_decay: float = 0.8
     _accepted: list[float] = field(default_factory=list, repr=False)
@@ -83,12 +87,19 @@ class CostModelGamma:
     _verify: dict[int, float] = field(default_factory=dict, repr=False)
     _draft_per_token: float | None = field(default=None, repr=False)
     _rounds_at_zero: int = field(default=0, repr=False)
+    _probe_interval: int = field(default=0, repr=False)  # current gap between probes (backs off)
+    _probing: bool = field(default=False, repr=False)  # the last choice was a probe
     _shape: list[float] = field(default_factory=list, repr=False)  # verify_curve, made non-decreasing
     _scale: float | None = field(default=None, repr=False)  # seconds per curve unit, from every round
 
     def __post_init__(self) -> None:
         if self.max_k < 0:
             raise ValueError(f"max_k must be >= 0, got {self.max_k}.")
+        if not 1 <= self.probe_every <= self.max_probe_every:
+            raise ValueError(
+                f"need 1 <= probe_every <= max_probe_every, got {self.probe_every} and {self.max_probe_every}."
+            )
+        self._probe_interval = self.probe_every
         self.set_verify_curve(self.verify_curve)
         self._accepted = [0.0] * self.max_k
         self._reached = [0.0] * self.max_k
@@ -144,12 +155,16 @@ class CostModelGamma:
         best = max(range(k_max + 1), key=lambda k: (self.expected_rate(k), -k))
         if self._draft_per_token is None:  # drafting cost unknown: measure it with one token first
             best = min(best, 1)
+        self._probing = False
         if best == 0 and k_max > 0:
             self._rounds_at_zero += 1
-            if self._rounds_at_zero % self.probe_every == 0 and self._probe_could_pay():
+            if self._rounds_at_zero >= self._probe_interval and self._probe_could_pay():
+                self._rounds_at_zero = 0
+                self._probing = True
                 return 1
-        else:
+        elif best > 0:
             self._rounds_at_zero = 0
+            self._probe_interval = self.probe_every  # drafting pays again: probe eagerly later
         return best
 
     def _probe_could_pay(self) -> bool:
@@ -159,6 +174,12 @@ class CostModelGamma:
 
     def observe(self, num_drafted: int, num_accepted: int, draft_s: float | None, verify_s: float) -> None:
         d = self.decay
+        if self._probing and num_drafted > 0:
+            accepted = num_accepted > 0
+            self._probe_interval = (
+                self.probe_every if accepted else min(2 * self._probe_interval, self.max_probe_every)
+            )
+            self._probing = False
         for i in range(min(num_drafted, self.max_k)):
             self._reached[i] *= d
             self._accepted[i] *= d

@@ -51,6 +51,42 @@ def test_never_right_drafter_converges_to_zero() -> None:
     assert max(late) <= 1
 
 
+def probe_rounds(policy: CostModelGamma, rounds: int, accept_probes: bool) -> list[int]:
+    """Round indices at which a never-right (or probe-only-right) drafter was probed."""
+    probes = []
+    for r in range(rounds):
+        k = policy.choose(100)
+        if k > 0:
+            probes.append(r)
+        policy.observe(k, k if accept_probes and r > 50 else 0, 0.002 * k, 0.04 * (1 + 0.05 * k))
+    return probes
+
+
+def test_rejected_probes_back_off_exponentially_up_to_the_cap() -> None:
+    policy = CostModelGamma(max_k=8, probe_every=4, max_probe_every=32)
+    probes = probe_rounds(policy, 400, accept_probes=False)
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    late = [g for g in gaps if g > 1][-6:]  # after the first rounds' drafting has stopped
+    assert late == [32] * 6  # capped at max_probe_every
+    doubling = [g for g in gaps if 1 < g < 32]
+    assert doubling[-3:] == [4, 8, 16]  # each rejected probe doubles the gap (before: the early drafting)
+
+
+def test_an_accepted_probe_resets_the_back_off() -> None:
+    policy = CostModelGamma(max_k=8, probe_every=4, max_probe_every=64)
+    probe_rounds(policy, 50, accept_probes=False)
+    assert policy._probe_interval > 4  # backed off while the probes failed
+    probe_rounds(policy, 200, accept_probes=True)  # probes are accepted from round 51 on
+    assert policy._probe_interval == 4
+
+
+def test_probe_interval_is_validated() -> None:
+    with pytest.raises(ValueError, match="probe_every"):
+        CostModelGamma(probe_every=0)
+    with pytest.raises(ValueError, match="max_probe_every"):
+        CostModelGamma(probe_every=64, max_probe_every=16)
+
+
 def test_too_slow_drafter_is_never_probed() -> None:
     # Drafting one token costs 3 AR steps: even always-accepted drafts cannot pay.
     policy = CostModelGamma(max_k=8)
