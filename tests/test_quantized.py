@@ -33,8 +33,9 @@ def tiny_target() -> TargetModel:
 @pytest.mark.parametrize(
     "kwargs",
     [{"bits": 8}, {"bits": 4, "quant_type": "nf4"}, {"bits": 4, "quant_type": "fp4"},
-     {"bits": 8, "backend": "torch"}, {"bits": 8, "share_embeddings": False}],
-    ids=["int8", "nf4", "fp4", "torch-int8", "int8-quantized-head"],
+     {"bits": 8, "backend": "torch"}, {"bits": 8, "share_embeddings": False},
+     {"bits": 4, "quant_type": "nf4", "blocksize": 32}],
+    ids=["int8", "nf4", "fp4", "torch-int8", "int8-quantized-head", "nf4-blocksize32"],
 )
 def test_greedy_matches_plain_greedy(tiny_target: TargetModel, kwargs: dict) -> None:
     out = SpeculativeDecoder(tiny_target, QuantizedDrafter(**kwargs), 3).generate(PROMPT, 40, stop_token_ids=[])
@@ -91,6 +92,9 @@ def test_memory_report(tiny_target: TargetModel) -> None:
     target_bytes = memory_report(tiny_target.model, tiny_target.model)["target_bytes"]
     assert sizes[32] == 0  # the exact copy shares every tensor
     assert 0 < sizes[4] < sizes[8] < target_bytes
+    small_blocks = QuantizedDrafter(bits=4, blocksize=32)
+    small_blocks.bind(tiny_target)
+    assert small_blocks.memory["copy_bytes"] > sizes[4]  # twice the absmax scales
 
 
 def test_bad_arguments(tiny_target: TargetModel, tmp_path: Path) -> None:
@@ -100,6 +104,8 @@ def test_bad_arguments(tiny_target: TargetModel, tmp_path: Path) -> None:
         QuantizedDrafter(bits=4, quant_type="int4")
     with pytest.raises(ValueError, match="backend"):
         QuantizedDrafter(backend="gptq")
+    with pytest.raises(ValueError, match="blocksize"):
+        QuantizedDrafter(bits=4, blocksize=48)
     with pytest.raises(ValueError, match="bits=8 only"):
         QuantizedDrafter(bits=4, backend="torch")
     path = tmp_path / "vocab.json"
