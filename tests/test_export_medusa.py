@@ -1,6 +1,8 @@
-"""specdraft-export-medusa: names, shapes and dtypes of vLLM's Medusa layout (from memory of
-vllm/model_executor/models/medusa.py and vllm/transformers_utils/configs/medusa.py), and the merged
-weights reproduce the heads' logits."""
+"""specdraft-export-medusa: names, shapes and dtypes of vLLM's Medusa layout
+(vllm/model_executor/models/medusa.py, vllm/transformers_utils/configs/medusa.py) and of
+FasterDecoding's medusa_lm_head (medusa/model/medusa_model.py), checked by loading the exported
+tensors strictly into modules with those engines' module structure, and the merged weights
+reproduce the heads' logits."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 from safetensors.torch import load_file
 
 from specdraft.models import tiny_random_target
@@ -38,6 +41,10 @@ def test_vllm_layout_names_shapes_dtypes(tmp_path: Path, dtype: torch.dtype) -> 
     assert VLLM_CONFIG_FIELDS <= set(config)
     assert config["num_heads"] == 3 and config["num_hidden_layers"] == 1
     assert config["hidden_size"] == 32 and config["vocab_size"] == 16
+    # vLLM builds the ResBlock biases only with medusa_fc_bias (else it silently drops ours), uses
+    # per-head projections unless original_lm_head, and sizes them by truncated_vocab_size.
+    assert config["medusa_fc_bias"] is True and config["original_lm_head"] is False
+    assert config["truncated_vocab_size"] == config["vocab_size"]
     tensors = load_file(str(out / "model.safetensors"))
     expected = {}
     for i in range(3):
@@ -62,6 +69,13 @@ def test_fasterdecoding_layout(tmp_path: Path) -> None:
     tensors = load_file(str(out / "medusa_lm_head.safetensors"))
     assert set(tensors) == {f"{i}.0.linear.{p}" for i in range(2) for p in ("weight", "bias")} | {
         "0.1.weight", "1.1.weight"}
-    assert json.loads((out / "config.json").read_text())["medusa_num_heads"] == 2
+    config = json.loads((out / "config.json").read_text())
+    assert config["medusa_num_heads"] == 2 and config["medusa_num_layers"] == 1
+    assert "base_model_name_or_path" in config  # FasterDecoding's loader reads the base model from it
+    # FasterDecoding: medusa_head = ModuleList([Sequential(ResBlock(H) * layers, Linear(H, V, bias=False))])
+    res_block = nn.Module()
+    res_block.linear = nn.Linear(32, 32)
+    heads = nn.ModuleList([nn.Sequential(res_block, nn.Linear(32, 16, bias=False)) for _ in range(2)])
+    heads.load_state_dict(tensors, strict=True)  # every name and shape as that loader expects
     with pytest.raises(ValueError, match="format"):
         export(model, tmp_path / "x", "onnx")

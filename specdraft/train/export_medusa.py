@@ -11,11 +11,14 @@ engine knows about a shared lm_head plus low-rank deltas.
                        lm_heads.{i}.weight [V, H]
   Layout per vLLM's vllm/model_executor/models/medusa.py (ResidualBlock.layers, Medusa.blocks,
   Medusa.lm_heads; `medusa_fc_bias` switches the block biases on) and config class
-  vllm/transformers_utils/configs/medusa.py (MedusaConfig). NOTE: these names were written from
-  memory of those files (no network here), not verified against the source.
+  vllm/transformers_utils/configs/medusa.py (MedusaConfig); checked against stored copies of
+  both files on 2026-11-30 (vLLM strips a "medusa_heads." prefix, reads lm_heads.0 as the shared
+  head only when original_lm_head is true, and sizes the heads by truncated_vocab_size).
 --format medusa: the FasterDecoding/Medusa head file medusa_lm_head.safetensors with keys
-    {i}.{j}.linear.weight / .bias and {i}.{num_layers}.weight (its nn.Sequential of ResBlocks then
-    the Linear), plus a config.json with medusa_num_heads / medusa_num_layers.
+    {i}.{j}.linear.weight / .bias and {i}.{num_layers}.weight (the state dict of its
+    `medusa_head` ModuleList of nn.Sequential(ResBlock..., Linear(bias=False))), plus a
+    config.json with medusa_num_heads / medusa_num_layers / base_model_name_or_path (its
+    MedusaConfig; from_pretrained loads the base model from that name).
 
     specdraft-export-medusa --format vllm --heads smollm2-135m --out outputs/medusa_vllm
 """
@@ -33,6 +36,7 @@ from torch import Tensor, nn
 from drafters.medusa import CompiledHeads, load_heads
 
 FORMATS = ("vllm", "medusa")
+HUB_IDS = {"smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct"}  # aliases -> the base model's hub id
 
 
 @torch.no_grad()
@@ -63,8 +67,10 @@ def merged_heads(model: nn.Module) -> tuple[list[list[tuple[Tensor, Tensor]]], l
 
 
 def export(model: nn.Module, out_dir: str | Path, fmt: str = "vllm",
-           dtype: torch.dtype = torch.float32, topk: int = 10, max_paths: int = 64) -> Path:
-    """Write the heads of `model` (PEFT-wrapped or plain MedusaHeads) in format `fmt`."""
+           dtype: torch.dtype = torch.float32, topk: int = 10, max_paths: int = 64,
+           base_model: str | None = None) -> Path:
+    """Write the heads of `model` (PEFT-wrapped or plain MedusaHeads) in format `fmt`.
+    base_model: the target's hub id or path, recorded for FasterDecoding's loader."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}.")
     blocks, projections = merged_heads(model)
@@ -98,7 +104,7 @@ def export(model: nn.Module, out_dir: str | Path, fmt: str = "vllm",
         save_file(tensors, str(out / "model.safetensors"))
     else:
         config = {"medusa_num_heads": num_heads, "medusa_num_layers": num_layers,
-                  "hidden_size": hidden, "vocab_size": vocab}
+                  "base_model_name_or_path": base_model, "hidden_size": hidden, "vocab_size": vocab}
         save_file(tensors, str(out / "medusa_lm_head.safetensors"))
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out
@@ -117,7 +123,8 @@ def main() -> None:
 
     lm_head = load_model(args.target, device="cpu").get_output_embeddings()
     model = load_heads(args.heads, lm_head.weight)
-    path = export(model, args.out, args.format, getattr(torch, args.dtype))
+    base = HUB_IDS.get(args.target, args.target)
+    path = export(model, args.out, args.format, getattr(torch, args.dtype), base_model=base)
     print(f"wrote {args.format} Medusa heads to {path}")
 
 
