@@ -32,9 +32,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from specdraft.costs import cached_verify_curve
 from specdraft.protocol import Draft, DraftContext
 from specdraft.sampling import sample, warp
-from specdraft.tree import load_tree, tree_draft
+from specdraft.tree import MAX_TREE_NODES, load_tree, tree_draft
 
 if TYPE_CHECKING:
     from specdraft.target import TargetModel
@@ -298,12 +299,19 @@ class MedusaDrafter:
         self.model: nn.Module | None = None
         self._compiled: CompiledHeads | None = None
         self.paths: list[tuple[int, ...]] | None = None
+        self._heads_dir: Path | None = None
+        self._tree_cost: dict[int, float] | None = None  # {positions: T(n)/T(1)} of the bound target
 
     # ------------------------------------------------------------------ protocol
     def bind(self, target: TargetModel) -> None:
-        """Load the heads onto the target's lm_head (heads attached in memory are kept)."""
+        """Load the heads onto the target's lm_head (heads attached in memory are kept); a tree
+        "auto" is sized for this target's measured verify-cost curve."""
+        if self.tree_spec == "auto":
+            curve = cached_verify_curve(target, MAX_TREE_NODES)  # T_v(k)/T_v(0), k + 1 positions
+            self._tree_cost = {k + 1: c for k, c in enumerate(curve)}
         weight = target.lm_head.weight
         if self._compiled is not None and self._compiled.weights[0] is weight:
+            self.paths = load_tree(self.tree_spec, self._heads_dir, len(self._compiled.blocks), self._tree_cost)
             return  # already on this target's lm_head (loaded before, or attached in memory)
         if self.heads_source is None:
             model: nn.Module = MedusaHeads(weight, num_heads=self.num_heads or 3)
@@ -333,7 +341,8 @@ class MedusaDrafter:
             self.rows = PrunedVocab.load(heads_dir / VOCAB_FILE).ids.to(base.lm_heads[0].weight.device)
         self._compiled = CompiledHeads(model, self.rows)
         self._compiled.truncate(k)
-        self.paths = load_tree(self.tree_spec, heads_dir, max_depth=k)
+        self._heads_dir = heads_dir
+        self.paths = load_tree(self.tree_spec, heads_dir, max_depth=k, cost=self._tree_cost)
 
     def reset(self) -> None:
         """No per-prompt state: the heads only read the target's hidden state."""

@@ -44,7 +44,10 @@ Path_ = tuple[int, ...]
 # Verify cost of a forward over n positions (logits at all of them) relative to n = 1, measured here
 # for SmolLM2-135M (1 thread, 300-token context, medians of 5, busy machine; DESIGN §8 has the same
 # shape with 2 threads); linear beyond the last point at the last segment's slope.
+# T(n)/T(1) of the plain HF forward on this CPU, for trees chosen without a target at hand; a bound
+# MedusaDrafter uses the target's measured curve instead (specdraft.costs.cached_verify_curve).
 DEFAULT_VERIFY_COST = {1: 1.0, 4: 1.42, 8: 1.6, 12: 1.86, 16: 2.09, 24: 2.53, 32: 2.98}
+MAX_TREE_NODES = 32
 
 
 @dataclass(frozen=True)
@@ -166,7 +169,7 @@ def verify_cost(n: int, cost: dict[int, float] | None = None) -> float:
 
 def choose_tree(
     rank_accuracy: Sequence[Sequence[float]],
-    max_nodes: int = 32,
+    max_nodes: int = MAX_TREE_NODES,
     cost: dict[int, float] | None = None,
     label_ranks: Tensor | None = None,
 ) -> list[Path_]:
@@ -181,9 +184,13 @@ def choose_tree(
 
 
 def load_tree(
-    spec: str | Sequence[Sequence[int]] | None, heads_dir: Path | None, max_depth: int
+    spec: str | Sequence[Sequence[int]] | None,
+    heads_dir: Path | None,
+    max_depth: int,
+    cost: dict[int, float] | None = None,
 ) -> list[Path_] | None:
-    """None (chain), "auto" (chosen from <heads_dir>/accuracy.json) or explicit paths."""
+    """None (chain), "auto" (chosen from <heads_dir>/accuracy.json, sized for the verify cost
+    curve `cost`: {positions: T(n) / T(1)}, default DEFAULT_VERIFY_COST) or explicit paths."""
     if spec is None:
         return None
     if isinstance(spec, str):
@@ -195,7 +202,7 @@ def load_tree(
         name = "selfgen" if "selfgen" in acc["rank_accuracy"] else next(iter(acc["rank_accuracy"]))
         ranks = acc.get("label_ranks", {}).get(name)
         label_ranks = torch.tensor(ranks)[:, :max_depth] if ranks else None
-        return choose_tree(acc["rank_accuracy"][name][:max_depth], label_ranks=label_ranks)
+        return choose_tree(acc["rank_accuracy"][name][:max_depth], label_ranks=label_ranks, cost=cost)
     return [p for p in validate_paths(spec) if len(p) <= max_depth]
 
 

@@ -3,6 +3,8 @@ arrays, tree choice from accuracies, and KV-cache compaction equal to a plain fo
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -10,11 +12,13 @@ from specdraft.protocol import Draft
 from specdraft.sampling import SamplingConfig
 from specdraft.target import TargetModel
 from specdraft.tree import (
+    MAX_TREE_NODES,
     accepted_positions,
     choose_tree,
     expected_accepted,
     greedy_verify_tree,
     grow_tree,
+    load_tree,
     tree_attention,
     tree_depths,
     tree_draft,
@@ -84,6 +88,16 @@ def test_choose_tree_from_accuracies() -> None:
     assert expected_accepted(tree, acc) > expected_accepted(tree[:1], acc)
     assert verify_cost(1) == 1.0 and verify_cost(40) > verify_cost(32)
     assert choose_tree([[0.0], [0.0]]) == []
+
+
+def test_auto_tree_is_sized_by_the_verify_cost_curve() -> None:
+    acc = [[0.6, 0.15, 0.05, 0.03], [0.4, 0.1, 0.05, 0.03], [0.3, 0.1, 0.05, 0.02]]
+    flat = {1: 1.0, 33: 1.1}  # extra nodes almost free (the fast stack on CPU, a GPU)
+    steep = {1: 1.0, 33: 17.0}  # each node costs half a forward
+    big, small = choose_tree(acc, cost=flat), choose_tree(acc, cost=steep)
+    assert len(small) < len(big) <= MAX_TREE_NODES
+    shipped = Path(__file__).resolve().parent.parent / "specdraft/artifacts/smollm2-135m/medusa"
+    assert len(load_tree("auto", shipped, 3, cost=steep)) < len(load_tree("auto", shipped, 3, cost=flat))
 
 
 def test_tree_kv_rollback_equals_plain_forward(tiny_target: TargetModel) -> None:
