@@ -274,8 +274,9 @@ class MedusaDrafter:
         heads ("smollm2-135m"); None builds fresh heads (zero blocks, no LoRA: every head then
         proposes the target's own next-token guess, useful only for tests).
     num_heads: use the first K heads (None = all that were trained; a fresh set has 3).
-    tree: None for a chain, "auto" for the tree chosen from the accuracies saved with the heads,
-        or an explicit list of paths (lists of top-k ranks, e.g. [[0], [1], [0, 0]]). Trees are
+    tree: None for a chain, "auto" for the tree grown from the accuracies saved with the heads and
+        sized for the target's measured verify-cost curve, an int N for that tree with exactly N
+        nodes, or an explicit list of paths (lists of top-k ranks, e.g. [[0], [1], [0, 0]]). Trees are
         used at temperature 0 only (see the module docstring).
     pruned_vocab: project onto the pruned vocabulary saved with the heads (vocab.json, the one
         they were trained on; `specdraft.vocab`), ~6x cheaper than the full lm_head. Tokens
@@ -288,7 +289,7 @@ class MedusaDrafter:
         self,
         heads: str | None = "smollm2-135m",
         num_heads: int | None = None,
-        tree: str | Sequence[Sequence[int]] | None = None,
+        tree: str | int | Sequence[Sequence[int]] | None = None,
         pruned_vocab: bool = True,
     ) -> None:
         self.heads_source = heads

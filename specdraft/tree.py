@@ -184,25 +184,31 @@ def choose_tree(
 
 
 def load_tree(
-    spec: str | Sequence[Sequence[int]] | None,
+    spec: str | int | Sequence[Sequence[int]] | None,
     heads_dir: Path | None,
     max_depth: int,
     cost: dict[int, float] | None = None,
 ) -> list[Path_] | None:
-    """None (chain), "auto" (chosen from <heads_dir>/accuracy.json, sized for the verify cost
-    curve `cost`: {positions: T(n) / T(1)}, default DEFAULT_VERIFY_COST) or explicit paths."""
+    """None (chain); "auto": grown from <heads_dir>/accuracy.json and sized for the verify cost
+    curve `cost` ({positions: T(n) / T(1)}, default DEFAULT_VERIFY_COST); an int N: the same
+    best-first tree with exactly N nodes (no cost choice); or explicit paths."""
     if spec is None:
         return None
-    if isinstance(spec, str):
-        if spec != "auto":
-            raise ValueError(f"tree must be None, 'auto' or a list of rank paths, got {spec!r}.")
+    if isinstance(spec, (str, int)) and not isinstance(spec, bool):
+        if spec != "auto" and not (isinstance(spec, int) and spec >= 1):
+            raise ValueError(
+                f"tree must be None, 'auto', a node count >= 1 or a list of rank paths, got {spec!r}."
+            )
         if heads_dir is None or not (heads_dir / "accuracy.json").is_file():
-            raise ValueError("tree='auto' needs trained heads with an accuracy.json; pass explicit paths.")
+            raise ValueError(f"tree={spec!r} needs trained heads with an accuracy.json; pass explicit paths.")
         acc = json.loads((heads_dir / "accuracy.json").read_text())
         name = "selfgen" if "selfgen" in acc["rank_accuracy"] else next(iter(acc["rank_accuracy"]))
         ranks = acc.get("label_ranks", {}).get(name)
         label_ranks = torch.tensor(ranks)[:, :max_depth] if ranks else None
-        return choose_tree(acc["rank_accuracy"][name][:max_depth], label_ranks=label_ranks, cost=cost)
+        accuracy = acc["rank_accuracy"][name][:max_depth]
+        if spec == "auto":
+            return choose_tree(accuracy, label_ranks=label_ranks, cost=cost)
+        return grow_tree(accuracy, int(spec), label_ranks)
     return [p for p in validate_paths(spec) if len(p) <= max_depth]
 
 

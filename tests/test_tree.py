@@ -97,7 +97,12 @@ def test_auto_tree_is_sized_by_the_verify_cost_curve() -> None:
     big, small = choose_tree(acc, cost=flat), choose_tree(acc, cost=steep)
     assert len(small) < len(big) <= MAX_TREE_NODES
     shipped = Path(__file__).resolve().parent.parent / "specdraft/artifacts/smollm2-135m/medusa"
-    assert len(load_tree("auto", shipped, 3, cost=steep)) < len(load_tree("auto", shipped, 3, cost=flat))
+    auto_flat = load_tree("auto", shipped, 3, cost=flat)
+    assert len(load_tree("auto", shipped, 3, cost=steep)) < len(auto_flat)
+    fixed = load_tree(16, shipped, 3)  # a node count: the best-first tree of exactly that size
+    assert len(auto_flat) >= 16 and fixed == auto_flat[:16]
+    with pytest.raises(ValueError, match="node count"):
+        load_tree(0, shipped, 3)
 
 
 def test_tree_kv_rollback_equals_plain_forward(tiny_target: TargetModel) -> None:
