@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 from omegaconf import OmegaConf
-from transformers import DynamicCache
 
 from specdraft.build import drafter_config, make_drafter
+from specdraft.check import reference_greedy
 from specdraft.costs import cuda_sync, time_forwards
 from specdraft.decode import SpeculativeDecoder
 from specdraft.models import load_target, tiny_random_target
@@ -49,20 +49,6 @@ def timed(fn: Callable[[], Any], device: torch.device) -> tuple[Any, float]:
 
 
 @torch.inference_mode()
-def plain_greedy(target: TargetModel, prompt: list[int], max_new_tokens: int) -> list[int]:
-    """Greedy decoding with the HF model's own forward and DynamicCache (the reference)."""
-    cache = DynamicCache(config=target.config)
-    ids = torch.tensor([prompt], device=target.device)
-    out: list[int] = []
-    for _ in range(max_new_tokens):
-        tok = int(target.model(ids, cache=cache, use_cache=True).logits[0, -1].argmax())
-        out.append(tok)
-        if tok in target.eos_token_ids:
-            break
-        ids = torch.tensor([[tok]], device=target.device)
-    return out
-
-
 def verify_costs(targets: dict[str, TargetModel], context: int, max_k: int, reps: int) -> dict[str, list[float]]:
     """Median seconds of a forward over k = 1..max_k new positions after `context`, per stack."""
     any_target = next(iter(targets.values()))
@@ -116,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  fast/plain at k=1: {costs['fast'][0] / costs['plain'][0]:.2f}")
 
     prompts = [p.token_ids(target.tokenizer) for p in load_suite("quick")[: args.prompts]]
-    refs = [plain_greedy(target, p, args.max_new_tokens) for p in prompts]
+    refs = [reference_greedy(target, p, args.max_new_tokens, target.eos_token_ids) for p in prompts]
     ar = SpeculativeDecoder(target, None)
     ar_s = []
     for p in prompts:

@@ -15,6 +15,7 @@ Greedy (temperature 0): every prompt of the suite must give token-for-token the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import hydra
@@ -24,12 +25,34 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 from scipy import stats as scipy_stats
 from tqdm import tqdm
+from transformers import DynamicCache
 
 from specdraft.build import make_drafter, make_sampling, prompt_token_ids
 from specdraft.decode import SpeculativeDecoder
 from specdraft.sampling import SamplingConfig, warp
 from specdraft.suites import load_suite
 from specdraft.target import TargetModel
+
+
+@torch.inference_mode()
+def reference_greedy(
+    target: TargetModel, prompt: Sequence[int], max_new_tokens: int, stop_token_ids: Sequence[int] = ()
+) -> list[int]:
+    """Plain greedy decoding with the Hugging Face model's own forward and DynamicCache, one token
+    per step, no specdraft code on the path: what every speculative greedy output must equal (the
+    tests and benchmarks/gpu_check.py compare against it). Stops after a token in stop_token_ids
+    (included)."""
+    model = target.model
+    cache = DynamicCache(config=model.config)
+    ids = torch.tensor([list(prompt)], device=target.device)  # [1, T]
+    out: list[int] = []
+    while len(out) < max_new_tokens:
+        tok = int(model(ids, cache=cache, use_cache=True).logits[0, -1].argmax())
+        out.append(tok)
+        if tok in stop_token_ids:
+            break
+        ids = torch.tensor([[tok]], device=target.device)  # [1, 1]
+    return out
 
 
 @dataclass(frozen=True)

@@ -11,32 +11,13 @@ from typing import ClassVar
 
 import numpy as np
 import torch
-from transformers import DynamicCache
 
 from specdraft.check import chisquare_pvalue as pooled_chisquare  # the audit's test, shared
+from specdraft.check import reference_greedy as plain_greedy  # the reference decoder, shared
 from specdraft.decode import SpeculativeDecoder
 from specdraft.protocol import Draft, DraftContext
 from specdraft.sampling import SamplingConfig, draw, warp
 from specdraft.target import TargetModel
-
-
-@torch.inference_mode()
-def plain_greedy(
-    target: TargetModel, prompt: list[int], max_new_tokens: int, stop_token_ids: Sequence[int] = ()
-) -> list[int]:
-    """Reference greedy decoding with the Hugging Face model's own forward and cache, one token
-    per step, no specdraft code. Stops after a token in stop_token_ids (included)."""
-    model = target.model
-    cache = DynamicCache(config=model.config)
-    ids = torch.tensor([prompt], device=target.device)
-    out: list[int] = []
-    while len(out) < max_new_tokens:
-        tok = int(model(ids, cache=cache, use_cache=True).logits[0, -1].argmax())
-        out.append(tok)
-        if tok in stop_token_ids:
-            break
-        ids = torch.tensor([[tok]], device=target.device)
-    return out
 
 
 @torch.inference_mode()
