@@ -209,6 +209,11 @@ def load_tree(
         if spec == "auto":
             return choose_tree(accuracy, label_ranks=label_ranks, cost=cost)
         return grow_tree(accuracy, int(spec), label_ranks)
+    if not isinstance(spec, Sequence) or not all(isinstance(p, Sequence) for p in spec):
+        raise ValueError(
+            f"tree must be None, 'auto', a node count >= 1 or a list of rank paths such as "
+            f"[[0], [1], [0, 0]], got {spec!r}."
+        )
     return [p for p in validate_paths(spec) if len(p) <= max_depth]
 
 

@@ -101,8 +101,9 @@ def test_auto_tree_is_sized_by_the_verify_cost_curve() -> None:
     assert len(load_tree("auto", shipped, 3, cost=steep)) < len(auto_flat)
     fixed = load_tree(16, shipped, 3)  # a node count: the best-first tree of exactly that size
     assert len(auto_flat) >= 16 and fixed == auto_flat[:16]
-    with pytest.raises(ValueError, match="node count"):
-        load_tree(0, shipped, 3)
+    for bad in (0, True, [0, 1], "big"):  # zero nodes, a bool, paths that are not lists, a typo
+        with pytest.raises(ValueError, match="node count"):
+            load_tree(bad, shipped, 3)
 
 
 def test_tree_kv_rollback_equals_plain_forward(tiny_target: TargetModel) -> None:
