@@ -15,10 +15,9 @@ own trainable copy of the projection instead (the original Medusa-2 layout; ~28M
 
 Proposals: a chain (top-1 of every head at temperature 0; at temperature > 0 a sample from each
 head's warped distribution, returned as q: the heads do not condition on the earlier draft tokens,
-which is still a valid q for the lossless verifier), or at temperature 0 a candidate tree
-(`specdraft.tree`, plain lists of top-k rank paths) verified in one forward with a tree mask.
-Trees are not used at temperature > 0: multi-candidate rejection sampling is not implemented, so
-the drafter proposes its chain there (documented fallback, still lossless).
+which is still a valid q for the lossless verifier), or a candidate tree (`specdraft.tree`,
+plain lists of top-k rank paths) verified in one forward with a tree mask: greedily at temperature
+0, by rejection sampling over the siblings (one-hot q, residual renormalised) at temperature > 0.
 """
 
 from __future__ import annotations
@@ -276,8 +275,8 @@ class MedusaDrafter:
     num_heads: use the first K heads (None = all that were trained; a fresh set has 3).
     tree: None for a chain, "auto" for the tree grown from the accuracies saved with the heads and
         sized for the target's measured verify-cost curve, an int N for that tree with exactly N
-        nodes, or an explicit list of paths (lists of top-k ranks, e.g. [[0], [1], [0, 0]]). Trees are
-        used at temperature 0 only (see the module docstring).
+        nodes, or an explicit list of paths (lists of top-k ranks, e.g. [[0], [1], [0, 0]]), at any
+        temperature (see the module docstring).
     pruned_vocab: project onto the pruned vocabulary saved with the heads (vocab.json, the one
         they were trained on; `specdraft.vocab`), ~6x cheaper than the full lm_head. Tokens
         outside it are never proposed; verification stays exact either way.
@@ -366,7 +365,7 @@ class MedusaDrafter:
         if hidden.shape[0] != 1:
             raise NotImplementedError("MedusaDrafter supports batch size 1.")
         logits = self.head_logits(hidden)  # [1, K, M]
-        if ctx.sampling.greedy and self.paths:
+        if self.paths:  # candidates = top-k ranks; verified losslessly at any temperature (specdraft.tree)
             return tree_draft(self.paths, logits[0], num_tokens, self.rows)
         logits = logits[:, :num_tokens]  # [1, K', M]
         if ctx.sampling.greedy:

@@ -27,8 +27,9 @@ class Draft:
     token_ids: [B, K] int64; K may be 0 ("no proposal": the round is plain autoregressive).
     probs: [B, K, V] q after the SAME warping as the target (`specdraft.sampling.warp`);
         None = deterministic drafter (q is one-hot at token_ids).
-    parents: None for a chain; for a candidate tree (verified at temperature 0 only) the parent
-        node of every draft token, -1 = the newest committed token (specdraft/tree.py).
+    parents: None for a chain; for a candidate tree of deterministic candidates (probs is then
+        ignored) the parent node of every draft token, -1 = the newest committed token
+        (specdraft/tree.py verifies it, greedily or by rejection sampling over siblings).
     """
 
     token_ids: Tensor

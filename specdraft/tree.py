@@ -21,8 +21,13 @@ being accepted is the product of its ranks' accuracies along its path, best-firs
 most probable nodes, and the node budget maximises expected tokens per round over the verify cost
 curve T(n) (DESIGN §8: verifying is not free on CPU).
 
-Temperature > 0: not supported for trees (lossless multi-candidate verification is not implemented);
-`tree_forward` refuses, and MedusaDrafter proposes its chain instead at temperature > 0.
+Temperature > 0 (`sample_verify_tree`): the candidates are deterministic (top-k ranks), so each
+sibling is a draft with a one-hot q. Starting at the root, the children of the current node are tried
+in order: child x is accepted with probability r(x), where r is the target's warped p at the current
+node with every already rejected sibling removed and renormalised (rejection sampling with one-hot
+q, repeated on the residual); an accepted child becomes the current node, and when all children are
+rejected (or a leaf is reached) the next token is drawn from r. Each emitted token is therefore
+distributed exactly as p given the tokens before it: the tree is as lossless as the chain.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ import torch
 from torch import Tensor
 
 from specdraft.protocol import Draft
-from specdraft.sampling import SamplingConfig
+from specdraft.sampling import SamplingConfig, sample, warp
 
 Path_ = tuple[int, ...]
 
@@ -52,10 +57,10 @@ MAX_TREE_NODES = 32
 
 @dataclass(frozen=True)
 class TreeVerdict:
-    """Outcome of greedy tree verification for one sequence."""
+    """Outcome of tree verification for one sequence."""
 
     path: list[int]  # accepted node indices, root to leaf (may be empty)
-    next_token: int  # target's argmax after the last accepted node (or after the root)
+    next_token: int  # after the last accepted node (or the root): argmax, or a draw at temperature > 0
 
 
 # ------------------------------------------------------------------------------- tree shapes
@@ -261,34 +266,78 @@ def greedy_verify_tree(token_ids: Tensor, parents: Tensor, logits: Tensor) -> Tr
     return TreeVerdict(path=path, next_token=argmax[path[-1] + 1 if path else 0])
 
 
+def _without(dist: Tensor, token: int) -> Tensor:
+    """dist [V] with `token` removed (not renormalised): what rejecting a one-hot draft leaves."""
+    out = dist.clone()
+    out[token] = 0.0
+    return out
+
+
+def sample_verify_tree(token_ids: Tensor, parents: Tensor, probs: Tensor, generator: torch.Generator) -> TreeVerdict:
+    """Lossless verification of a tree of deterministic candidates at temperature > 0.
+
+    token_ids, parents: [1, N]; probs: [N+1, V] the target's warped p for [root] + nodes (p after
+    each node's path). Siblings are tried in list order (best rank first), each accepted with
+    probability r(x) / sum(r), r = p at the current node minus the siblings already rejected; the
+    next token is drawn from the final r (module docstring).
+    """
+    toks, pars = token_ids[0].tolist(), parents[0].tolist()
+    children: dict[int, list[int]] = {}
+    for i, par in enumerate(pars):
+        children.setdefault(par, []).append(i)
+    p = probs.double()  # [N+1, V]
+    path: list[int] = []
+    node = -1  # the root
+    while True:
+        residual = p[node + 1]  # [V]
+        accepted = None
+        for child in children.get(node, []):
+            total = float(residual.sum())
+            u = float(torch.rand((), generator=generator, dtype=torch.float64))
+            if total > 0 and u * total < float(residual[toks[child]]):  # u < r(x) / sum(r)
+                accepted = child
+                break
+            residual = _without(residual, toks[child])
+        if accepted is None:
+            if float(residual.sum()) <= 0:  # only reachable when rejection had probability 0
+                residual = p[node + 1]
+            next_token = int(sample((residual / residual.sum())[None], generator)[0])
+            return TreeVerdict(path=path, next_token=next_token)
+        path.append(accepted)
+        node = accepted
+
+
 def accepted_positions(past_len: int, path: Sequence[int]) -> list[int]:
     """Cache positions to keep: the committed prefix, the root and the accepted nodes, in order."""
     return list(range(past_len + 1)) + [past_len + 1 + i for i in path]
 
 
-def tree_forward(target, inputs: Tensor, draft: Draft, sampling: SamplingConfig):  # noqa: ANN001, ANN201
-    """Score [root] + tree nodes in one forward, keep the accepted path in the KV cache and return
-    (chain draft of the accepted path [1, A], TargetOutput with the rows [root] + path).
+def tree_forward(target, inputs: Tensor, draft: Draft, sampling: SamplingConfig,  # noqa: ANN001, ANN201
+                 generator: torch.Generator):
+    """Score [root] + tree nodes in one forward, verify the tree (greedy, or `sample_verify_tree`
+    at temperature > 0), keep the accepted path in the KV cache and return (chain draft of the
+    accepted path [1, A], TargetOutput with the rows [root] + path, VerifyResult of the round).
 
-    The decoding loop then verifies that chain exactly as a chain round (greedy_verify accepts all
-    A tokens and emits the target's argmax after them), crops nothing more, and reads the hidden
-    state of the last accepted node.
+    The decoding loop then treats the round as a chain round that kept all A tokens and emits
+    `next_token`; it crops nothing more and reads the hidden state of the last accepted node.
     """
     from specdraft.target import TargetOutput
+    from specdraft.verify import VerifyResult
 
-    if not sampling.greedy:
-        raise ValueError(
-            "tree drafts are verified at temperature 0 only; propose a chain (parents=None) when "
-            "sampling (MedusaDrafter does this by itself)."
-        )
     if draft.parents is None or inputs.shape[0] != 1:
         raise ValueError("tree_forward needs a tree draft (parents set) and batch size 1.")
     past = target.cache_length
     parents = draft.parents[0].tolist()
     mask, pos = tree_attention(parents, past, target.lm_head.weight.dtype, target.device)
     out = target.forward(inputs, attention_mask=mask, position_ids=pos)
-    verdict = greedy_verify_tree(draft.token_ids, draft.parents, out.logits)
+    if sampling.greedy:
+        verdict = greedy_verify_tree(draft.token_ids, draft.parents, out.logits)
+    else:
+        probs = warp(out.logits[0], sampling)  # [N+1, V]
+        verdict = sample_verify_tree(draft.token_ids, draft.parents, probs, generator)
     target.keep_positions(accepted_positions(past, verdict.path))
     rows = torch.tensor([0] + [i + 1 for i in verdict.path], device=out.logits.device)
     chain = Draft(token_ids=draft.token_ids[:, rows[1:] - 1])
-    return chain, TargetOutput(logits=out.logits[:, rows], hidden=out.hidden[:, rows])
+    result = VerifyResult(num_accepted=torch.tensor([len(verdict.path)], device=out.logits.device),
+                          next_token=torch.tensor([verdict.next_token], device=out.logits.device))
+    return chain, TargetOutput(logits=out.logits[:, rows], hidden=out.hidden[:, rows]), result

@@ -116,15 +116,37 @@ def test_chain_is_lossless_at_temperature_one(tiny_target: TargetModel, pruned: 
     assert pooled_chisquare(counts, exact) > 1e-4
 
 
-def test_tree_falls_back_to_chain_when_sampling(tiny_target: TargetModel) -> None:
+def test_tree_is_proposed_at_any_temperature(tiny_target: TargetModel) -> None:
     drafter = drafter_with(tiny_target, tree=TREE)
     hidden = torch.randn(1, tiny_target.hidden_size)
-    ctx = DraftContext(torch.tensor([[1]]), hidden, SamplingConfig(temperature=0.7), torch.Generator())
-    draft = drafter.propose(ctx, 5)
-    assert draft.parents is None and draft.num_tokens == 3
-    greedy = DraftContext(torch.tensor([[1]]), hidden, SamplingConfig(), torch.Generator())
-    tree = drafter.propose(greedy, 5)
-    assert tree.parents is not None and tree.num_tokens == 5
+    for sampling in (SamplingConfig(), SamplingConfig(temperature=0.7)):
+        ctx = DraftContext(torch.tensor([[1]]), hidden, sampling, torch.Generator())
+        tree = drafter.propose(ctx, 5)
+        assert tree.parents is not None and tree.num_tokens == 5
+
+
+def tree_two_token_pvalue(target: TargetModel, sampling: SamplingConfig) -> float:
+    """Chi-square p-value of the first two tokens of tree-drafted sampling vs the target's law."""
+    drafter = drafter_with(target, tree=TREE, seed=4)
+    dec = SpeculativeDecoder(target, drafter, num_draft_tokens=len(TREE), sampling=sampling)
+    prompt = [2, 9]
+    counts = sample_two_tokens(dec, prompt, n=1500, vocab=target.vocab_size)
+    return pooled_chisquare(counts, exact_two_token_distribution(target, prompt, sampling))
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(temperature=1.0),
+                                      SamplingConfig(temperature=0.8, top_p=0.9)], ids=["t1", "top_p"])
+def test_tree_is_lossless_when_sampling(tiny_target: TargetModel, sampling: SamplingConfig) -> None:
+    assert tree_two_token_pvalue(tiny_target, sampling) > 1e-4
+
+
+def test_tree_sampling_test_catches_a_broken_residual(tiny_target: TargetModel, monkeypatch) -> None:  # noqa: ANN001
+    """Negative control: if a rejected sibling stayed in the residual (it can be tried again and
+    drawn again), the same test must fail."""
+    import specdraft.tree
+
+    monkeypatch.setattr(specdraft.tree, "_without", lambda dist, token: dist)
+    assert tree_two_token_pvalue(tiny_target, SamplingConfig(temperature=1.0)) < 1e-6
 
 
 @pytest.mark.slow

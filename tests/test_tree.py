@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
+from specdraft.check import chisquare_pvalue
 from specdraft.protocol import Draft
 from specdraft.sampling import SamplingConfig
 from specdraft.target import TargetModel
@@ -22,6 +24,7 @@ from specdraft.tree import (
     tree_attention,
     tree_depths,
     tree_draft,
+    sample_verify_tree,
     tree_forward,
     tree_parents,
     validate_paths,
@@ -117,7 +120,9 @@ def test_tree_kv_rollback_equals_plain_forward(tiny_target: TargetModel) -> None
     draft = Draft(token_ids=tokens, parents=torch.tensor([tree_parents(paths)]))
     tiny_target.reset()
     tiny_target.forward(prompt[:, :-1], num_logits=0)
-    chain, out = tree_forward(tiny_target, torch.cat([prompt[:, -1:], tokens], 1), draft, SamplingConfig())
+    chain, out, result = tree_forward(tiny_target, torch.cat([prompt[:, -1:], tokens], 1), draft,
+                                      SamplingConfig(), torch.Generator())
+    assert result.num_accepted.tolist() == [2] and result.next_token.tolist() == [greedy[2]]
     assert chain.token_ids.tolist() == [greedy[:2]]
     assert out.logits[0, -1].argmax().item() == greedy[2]
     assert tiny_target.cache_length == 5 + 2
@@ -131,10 +136,38 @@ def test_tree_kv_rollback_equals_plain_forward(tiny_target: TargetModel) -> None
     assert accepted_positions(3, [1, 4]) == [0, 1, 2, 3, 5, 8]
 
 
-def test_tree_forward_refuses_sampling(tiny_target: TargetModel) -> None:
-    draft = Draft(token_ids=torch.tensor([[1]]), parents=torch.tensor([[-1]]))
-    with pytest.raises(ValueError, match="temperature 0"):
-        tree_forward(tiny_target, torch.tensor([[2, 1]]), draft, SamplingConfig(temperature=1.0))
+def sampled_tree_tokens(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """First emitted token over n draws of sample_verify_tree, and the second one in the draws that
+    accepted node 0; with the exact laws they must follow (p at the root, p after node 0)."""
+    root = torch.tensor([0.1, 0.4, 0.2, 0.3, 0.0])
+    after0 = torch.tensor([0.25, 0.05, 0.5, 0.0, 0.2])  # p after node 0's token (1)
+    other = torch.full((5,), 0.2)
+    probs = torch.stack([root, after0, other, other])  # [root] + 3 nodes
+    tokens, parents = torch.tensor([[1, 3, 2]]), torch.tensor([[-1, -1, 0]])  # siblings 1, 3; 1 -> 2
+    gen = torch.Generator().manual_seed(0)
+    first, second = np.zeros(5), np.zeros(5)
+    for _ in range(n):
+        v = sample_verify_tree(tokens, parents, probs, gen)
+        emitted = [int(tokens[0, i]) for i in v.path] + [v.next_token]
+        first[emitted[0]] += 1
+        if v.path and v.path[0] == 0:
+            second[emitted[1]] += 1
+    return first, root.numpy(), second, after0.numpy()
+
+
+def test_sampled_tree_verification_keeps_the_target_law() -> None:
+    first, p_root, second, p_after = sampled_tree_tokens(20000)
+    assert chisquare_pvalue(first, p_root) > 1e-4
+    assert chisquare_pvalue(second, p_after) > 1e-4
+    assert first[4] == 0  # a token with p = 0 is never emitted
+
+
+def test_sampled_tree_test_catches_a_residual_that_keeps_rejected_siblings(monkeypatch) -> None:  # noqa: ANN001
+    import specdraft.tree
+
+    monkeypatch.setattr(specdraft.tree, "_without", lambda dist, token: dist)  # negative control
+    first, p_root, _, _ = sampled_tree_tokens(20000)
+    assert chisquare_pvalue(first, p_root) < 1e-6
 
 
 def test_joint_label_ranks_capture_correlated_heads() -> None:
