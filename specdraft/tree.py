@@ -43,14 +43,15 @@ from torch import Tensor
 
 from specdraft.protocol import Draft
 from specdraft.sampling import SamplingConfig, sample, warp
+from specdraft.verify import VerifyResult
 
 Path_ = tuple[int, ...]
 
 # Verify cost of a forward over n positions (logits at all of them) relative to n = 1, measured here
 # for SmolLM2-135M (1 thread, 300-token context, medians of 5, busy machine; DESIGN §8 has the same
-# shape with 2 threads); linear beyond the last point at the last segment's slope.
-# T(n)/T(1) of the plain HF forward on this CPU, for trees chosen without a target at hand; a bound
-# MedusaDrafter uses the target's measured curve instead (specdraft.costs.cached_verify_curve).
+# shape with 2 threads); linear beyond the last point at the last segment's slope. Only for trees
+# chosen without a target at hand: a bound MedusaDrafter sizes "auto" trees with the target's own
+# measured curve (specdraft.costs.cached_verify_curve).
 DEFAULT_VERIFY_COST = {1: 1.0, 4: 1.42, 8: 1.6, 12: 1.86, 16: 2.09, 24: 2.53, 32: 2.98}
 MAX_TREE_NODES = 32
 
@@ -322,7 +323,6 @@ def tree_forward(target, inputs: Tensor, draft: Draft, sampling: SamplingConfig,
     `next_token`; it crops nothing more and reads the hidden state of the last accepted node.
     """
     from specdraft.target import TargetOutput
-    from specdraft.verify import VerifyResult
 
     if draft.parents is None or inputs.shape[0] != 1:
         raise ValueError("tree_forward needs a tree draft (parents set) and batch size 1.")
