@@ -25,7 +25,7 @@ from specdraft.protocol import Draft, DraftContext, Drafter
 from specdraft.sampling import SamplingConfig, warp
 from specdraft.stats import GenerationStats
 from specdraft.target import TargetModel
-from specdraft.tree import tree_forward
+from specdraft.tree import tree_accept, tree_score
 from specdraft.verify import VerifyResult, greedy_verify, rejection_sample
 
 
@@ -119,17 +119,18 @@ class SpeculativeDecoder:
             t1 = time.perf_counter()
             k = draft.num_tokens
             inputs = torch.cat([buf[:, n - 1 : n], draft.token_ids], dim=1)  # [1, K+1]
-            tree_result = None
             if draft.parents is None:
                 out = self.target.forward(inputs)  # logits [1, K+1, V]
-            else:  # a candidate tree: one forward + its own verification; the cache keeps the
-                # accepted path, returned as a chain that the round then commits whole
-                draft, out, tree_result = tree_forward(self.target, inputs, draft, self.sampling, gen)
+            else:  # a candidate tree: one forward with the tree mask
+                out = tree_score(self.target, inputs, draft)
             t2 = time.perf_counter()
             draft_s = t1 - t0
             stats.record_verify(k, t2 - t1)
 
-            result = tree_result if tree_result is not None else self._verify(draft, out.logits, gen)
+            if draft.parents is None:
+                result = self._verify(draft, out.logits, gen)
+            else:  # verify the tree; the cache keeps the accepted path, returned as a chain
+                draft, out, result = tree_accept(self.target, draft, out, self.sampling, gen)
             # One host sync per round: accepted count, draft and next token together.
             host = torch.cat([result.num_accepted, draft.token_ids[0], result.next_token]).tolist()
             num_accepted = host[0]

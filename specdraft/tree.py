@@ -14,7 +14,7 @@ keeps the longest root path whose every token equals the target's argmax after i
 cache is then compacted to the committed prefix + that path (the accepted nodes' K/V copied into
 place), which is exactly the cache a plain forward over the accepted tokens leaves behind. After
 that the round is indistinguishable from a chain round that proposed the accepted path, so the
-decoding loop continues on its chain code (`tree_forward`).
+decoding loop continues on its chain code (`tree_score`, then `tree_accept`).
 
 The tree is chosen from measured per-head top-k accuracies (`choose_tree`): a node's chance of
 being accepted is the product of its ranks' accuracies along its path, best-first search adds the
@@ -313,23 +313,28 @@ def accepted_positions(past_len: int, path: Sequence[int]) -> list[int]:
     return list(range(past_len + 1)) + [past_len + 1 + i for i in path]
 
 
-def tree_forward(target, inputs: Tensor, draft: Draft, sampling: SamplingConfig,  # noqa: ANN001, ANN201
-                 generator: torch.Generator):
-    """Score [root] + tree nodes in one forward, verify the tree (greedy, or `sample_verify_tree`
-    at temperature > 0), keep the accepted path in the KV cache and return (chain draft of the
-    accepted path [1, A], TargetOutput with the rows [root] + path, VerifyResult of the round).
+def tree_score(target, inputs: Tensor, draft: Draft):  # noqa: ANN001, ANN201
+    """The target forward over [root] + tree nodes (inputs [1, N+1]) with the tree mask and
+    positions; returns its TargetOutput (logits [1, N+1, V]). The cache then holds all N+1."""
+    if draft.parents is None or inputs.shape[0] != 1:
+        raise ValueError("a tree forward needs a tree draft (parents set) and batch size 1.")
+    past = target.cache_length
+    mask, pos = tree_attention(draft.parents[0].tolist(), past, target.lm_head.weight.dtype, target.device)
+    return target.forward(inputs, attention_mask=mask, position_ids=pos)
+
+
+def tree_accept(target, draft: Draft, out, sampling: SamplingConfig,  # noqa: ANN001, ANN201
+                generator: torch.Generator):
+    """After `tree_score`: verify the tree (greedy, or `sample_verify_tree` at temperature > 0),
+    keep only the accepted path in the KV cache and return (chain draft of the accepted path
+    [1, A], TargetOutput with the rows [root] + path, VerifyResult of the round).
 
     The decoding loop then treats the round as a chain round that kept all A tokens and emits
     `next_token`; it crops nothing more and reads the hidden state of the last accepted node.
     """
     from specdraft.target import TargetOutput
 
-    if draft.parents is None or inputs.shape[0] != 1:
-        raise ValueError("tree_forward needs a tree draft (parents set) and batch size 1.")
-    past = target.cache_length
-    parents = draft.parents[0].tolist()
-    mask, pos = tree_attention(parents, past, target.lm_head.weight.dtype, target.device)
-    out = target.forward(inputs, attention_mask=mask, position_ids=pos)
+    past = target.cache_length - out.logits.shape[1]  # committed positions before the root
     if sampling.greedy:
         verdict = greedy_verify_tree(draft.token_ids, draft.parents, out.logits)
     else:
@@ -341,3 +346,9 @@ def tree_forward(target, inputs: Tensor, draft: Draft, sampling: SamplingConfig,
     result = VerifyResult(num_accepted=torch.tensor([len(verdict.path)], device=out.logits.device),
                           next_token=torch.tensor([verdict.next_token], device=out.logits.device))
     return chain, TargetOutput(logits=out.logits[:, rows], hidden=out.hidden[:, rows]), result
+
+
+def tree_forward(target, inputs: Tensor, draft: Draft, sampling: SamplingConfig,  # noqa: ANN001, ANN201
+                 generator: torch.Generator):
+    """`tree_score` then `tree_accept`: one tree round's target work in one call."""
+    return tree_accept(target, draft, tree_score(target, inputs, draft), sampling, generator)

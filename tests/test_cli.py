@@ -57,6 +57,20 @@ def test_bench_cli(tmp_path: Path) -> None:
     assert "## overall" in res.stdout and (run_dir / "results.md").is_file()
 
 
+def test_sampled_runs_report_no_greedy_verdict() -> None:
+    """At temperature > 0 outputs differ from AR by design: the table says n/a, not NO."""
+    from specdraft.bench import aggregate, render_markdown
+
+    records = [{"category": "qa", "method": m, "speedup": 1.0, "tokens_per_s": 9.0, "greedy_match": g}
+               for m, g in (("autoregressive", None), ("ngram", None), ("medusa", False))]
+    summary = aggregate(records)
+    assert summary["overall"]["ngram"]["greedy_match"] is None
+    config = {"target": {"name_or_path": "t"}, "suite": {"name": "quick"}, "num_draft_tokens": 3,
+              "max_new_tokens": 8}
+    md = render_markdown({"config": config, "summary": summary, "peer_ratios": [], "greedy_mismatches": []})
+    assert "| ngram |" in md and "n/a (sampled) |" in md and md.count("| NO |") == 2  # overall + qa
+
+
 def test_sweep_through_submitit_local(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     run([str(BIN / "specdraft-bench"), "-m", *TINY, "drafter=none,ngram", "suite=quick",
