@@ -6,7 +6,6 @@ thing everywhere.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import ClassVar
 
 import numpy as np
@@ -18,6 +17,11 @@ from specdraft.decode import SpeculativeDecoder
 from specdraft.protocol import Draft, DraftContext
 from specdraft.sampling import SamplingConfig, draw, warp
 from specdraft.target import TargetModel
+
+__all__ = [  # plain_greedy and pooled_chisquare are re-exported: one definition for every test
+    "RecomputeDrafter", "exact_two_token_distribution", "next_token_probs", "plain_greedy",
+    "pooled_chisquare", "sample_two_tokens",
+]
 
 
 @torch.inference_mode()
