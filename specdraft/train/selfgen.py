@@ -44,8 +44,13 @@ class Prompt:
     """One chat-like request built from offline text."""
 
     id: str
-    kind: str  # explain | summarise | function | module | qa
-    text: str
+    kind: str  # explain | summarise | function | module | qa, and selfgen_prompts' kinds
+    text: str  # the (last) user message
+    history: tuple[tuple[str, str], ...] = ()  # earlier (role, content) turns, oldest first
+
+    def chat(self) -> list[dict[str, str]]:
+        """The conversation as chat-template messages, ending with this prompt's user turn."""
+        return [{"role": r, "content": c} for r, c in self.history] + [{"role": "user", "content": self.text}]
 
     @property
     def split(self) -> str:
@@ -137,9 +142,7 @@ def generate_batch(
 ) -> list[dict]:
     """Greedy answers for one batch, with the teacher's top-k logits per generated position."""
     enc = [
-        tokenizer.apply_chat_template(  # type: ignore[attr-defined]
-            [{"role": "user", "content": p.text}], add_generation_prompt=True, tokenize=True
-        )
+        tokenizer.apply_chat_template(p.chat(), add_generation_prompt=True, tokenize=True)  # type: ignore[attr-defined]
         for p in prompts
     ]
     enc = [e["input_ids"] if isinstance(e, dict) or hasattr(e, "keys") else e for e in enc]
@@ -198,8 +201,13 @@ def run_selfgen(
     top_k: int = 32,
     seed: int = 0,
     max_seconds: float | None = None,
+    kinds: tuple[str, ...] = (),
 ) -> Path:
-    """Generate (or resume) the self-distillation JSONL; top-k teacher shards go to cache_dir."""
+    """Generate (or resume) the self-distillation JSONL; top-k teacher shards go to cache_dir.
+
+    `kinds` empty: the first `num_prompts` of `build_prompts`. Otherwise every templated prompt of
+    those kinds (`selfgen_prompts`; "followup" = a second turn after each generated "advice"
+    answer, so generate "advice" first), shortest first, so that a batch wastes little padding."""
     from specdraft.models import load_target
 
     if batch_size < 1 or max_new_tokens < 1:
@@ -208,7 +216,15 @@ def run_selfgen(
     out.mkdir(parents=True, exist_ok=True)
     path = out / SELFGEN_FILE
     done = {json.loads(line)["id"] for line in path.read_text().splitlines()} if path.is_file() else set()
-    todo = [p for p in build_prompts(num_prompts, seed) if p.id not in done]
+    if kinds:
+        from specdraft.train.selfgen_prompts import extra_prompts_for, followup_prompts
+
+        pool = extra_prompts_for(kinds, seed)
+        if "followup" in kinds and path.is_file():
+            pool += followup_prompts((json.loads(line) for line in path.read_text().splitlines()), seed)
+        todo = sorted((p for p in pool if p.id not in done), key=lambda p: len(p.text) + sum(len(c) for _, c in p.history))
+    else:
+        todo = [p for p in build_prompts(num_prompts, seed) if p.id not in done]
     target = load_target(target_name, device="cpu")
     print(f"[selfgen] {len(todo)} prompts to generate ({len(done)} already done)", flush=True)
     t0 = time.time()
@@ -278,11 +294,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--max-seconds", type=float, default=None)
+    ap.add_argument("--kinds", default="", help="comma-separated templated kinds (selfgen_prompts), e.g. "
+                    "general_qa,advice,email,math,code_edit,code_write,docread,followup")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     run_selfgen(
         args.target, args.out_dir, args.cache_dir, args.num_prompts, args.batch_size,
         args.max_new_tokens, args.top_k, args.seed, args.max_seconds,
+        tuple(k for k in args.kinds.split(",") if k),
     )
 
 
