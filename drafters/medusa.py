@@ -253,6 +253,74 @@ class CompiledHeads:
         return self(hidden).float()
 
 
+class PackedHeads:
+    """Inference form of CompiledHeads with a shared projection: frozen copies in the few-row
+    layout that is fastest on this device (`specdraft.fast_stack.PackedLinear`, oneDNN on CPU).
+
+    The first ResBlock of every head reads the same hidden state, so their Linears run as one
+    [K*H, H] product; the LoRA deltas are folded into the projection as extra input columns:
+    logits_k = [W | s_1 B_1 | .. | s_K B_K] [h_k ; 0 .. A_k h_k .. 0], one product for all heads
+    (rows restricted to the pruned vocabulary). Same sums as CompiledHeads, re-associated
+    (equal up to float rounding). Frozen: re-attach after changing the heads.
+    """
+
+    def __init__(self, compiled: CompiledHeads) -> None:
+        from specdraft.fast_stack import PackedLinear
+
+        if not compiled.shared:
+            raise ValueError("PackedHeads needs heads that share the target's projection.")
+        self.num_heads = len(compiled.blocks)
+        depth = {len(list(b)) if isinstance(b, nn.Sequential) else -1 for b in compiled.blocks}
+        if len(depth) != 1 or -1 in depth:
+            raise ValueError("PackedHeads needs every head to be a Sequential of ResBlocks of one depth.")
+        layers = [[blk.linear for blk in head] for head in compiled.blocks]  # [K][N] nn.Linear
+        self.depth = depth.pop()
+        self.first = None
+        if self.depth > 0:  # every head's first block reads the same hidden state: one product
+            self.first = PackedLinear(torch.cat([ls[0].weight.detach() for ls in layers]),
+                                      torch.cat([ls[0].bias.detach() for ls in layers]))
+        self.rest = [[PackedLinear(lin.weight, lin.bias) for lin in ls[1:]] for ls in layers]
+        w = compiled.weights[0].detach()
+        rows = compiled.rows
+        w = w if rows is None else w[rows]  # [M, H]
+        cols, self.lora_a, self.offsets = [w], [], []
+        offset = w.shape[1]
+        for factors in compiled.lora:
+            if factors is None:
+                self.lora_a.append(None)
+                self.offsets.append(offset)
+                continue
+            a, b, scale = factors
+            b = b.detach() if rows is None else b.detach()[rows]  # [M, r]
+            cols.append(scale * b)
+            self.lora_a.append(a.detach())  # [r, H]
+            self.offsets.append(offset)
+            offset += a.shape[0]
+        self.width = offset
+        self.proj = PackedLinear(torch.cat(cols, dim=1), None)  # [M, H + sum r]
+
+    @torch.inference_mode()
+    def __call__(self, hidden: Tensor) -> Tensor:
+        """hidden [B, H] -> logits [B, K, M] (float32)."""
+        batch, size = hidden.shape
+        k = self.num_heads
+        h = hidden[:, None].expand(batch, k, size)  # [B, K, H]
+        if self.first is not None:
+            h = h + F.silu(self.first(hidden).view(batch, k, size))  # [B, K, H]
+            h = torch.stack([self._more(h[:, i], i) for i in range(k)], dim=1)
+        x = h.new_zeros(batch, k, self.width)  # [B, K, H + sum r]
+        x[..., :size] = h
+        for i, a in enumerate(self.lora_a):
+            if a is not None:
+                x[:, i, self.offsets[i] : self.offsets[i] + a.shape[0]] = F.linear(h[:, i], a)  # [B, r]
+        return self.proj(x).float()  # [B, K, M]
+
+    def _more(self, h: Tensor, head: int) -> Tensor:
+        for lin in self.rest[head]:
+            h = h + F.silu(lin(h))
+        return h
+
+
 def _lora_factors(layer: nn.Module) -> tuple[Tensor, Tensor, float] | None:
     """(A [r, H], B [V, r], scaling) of a PEFT LoRA Linear's active adapter, or None."""
     lora_a = getattr(layer, "lora_A", None)
@@ -298,6 +366,7 @@ class MedusaDrafter:
         self.tree_spec = tree
         self.model: nn.Module | None = None
         self._compiled: CompiledHeads | None = None
+        self._packed: PackedHeads | None = None  # the fast inference form (shared projection)
         self.paths: list[tuple[int, ...]] | None = None
         self._heads_dir: Path | None = None
         self._tree_cost: dict[int, float] | None = None  # {positions: T(n)/T(1)} of the bound target
@@ -341,6 +410,7 @@ class MedusaDrafter:
             self.rows = PrunedVocab.load(heads_dir / VOCAB_FILE).ids.to(base.lm_heads[0].weight.device)
         self._compiled = CompiledHeads(model, self.rows)
         self._compiled.truncate(k)
+        self._packed = PackedHeads(self._compiled) if self._compiled.shared else None
         self._heads_dir = heads_dir
         self.paths = load_tree(self.tree_spec, heads_dir, max_depth=k, cost=self._tree_cost)
 
@@ -354,6 +424,8 @@ class MedusaDrafter:
         """hidden [B, H] -> logits [B, K, M] of the heads in use (M = len(rows) or V)."""
         if self._compiled is None:
             raise ValueError("MedusaDrafter is not bound to a target; call bind(target) first.")
+        if self._packed is not None:
+            return self._packed(hidden)
         return self._compiled.logits(hidden)
 
     @torch.inference_mode()
