@@ -152,11 +152,16 @@ class KVBuffer:
 
     def keep_positions(self, positions: Sequence[int]) -> None:
         """Keep only `positions` (in this order) in every layer: tree verification's accepted path."""
-        idx = torch.as_tensor(list(positions), dtype=torch.long, device=self.device)
+        keep = list(positions)
+        start = 0  # positions already in place (the committed prefix) are not copied
+        while start < len(keep) and keep[start] == start:
+            start += 1
+        idx = torch.as_tensor(keep[start:], dtype=torch.long, device=self.device)
         for i in range(len(self.lengths)):
-            for store in (self.keys, self.values):
-                store[i][:, :, : len(idx)] = store[i].index_select(2, idx)
-            self.lengths[i] = len(idx)
+            if len(idx):
+                for store in (self.keys, self.values):
+                    store[i][:, :, start : len(keep)] = store[i].index_select(2, idx)
+            self.lengths[i] = len(keep)
 
     def tensors(self) -> list[tuple[Tensor, Tensor]]:
         """(keys, values) [B, kv_heads, length, D] of every layer (views)."""
