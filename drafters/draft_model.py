@@ -26,8 +26,8 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel
 
 from specdraft.fast_stack import PackedLinear
+from specdraft.draft_loop import draft_autoregressively
 from specdraft.protocol import Draft, DraftContext
-from specdraft.sampling import draw, warp
 from specdraft.target import TargetModel
 from specdraft.vocab import PrunedVocab
 
@@ -196,18 +196,7 @@ class DraftModelDrafter:
             self._crop(ctx.token_ids.shape[1] - 1)  # everything cached: re-run the newest token
         start = 0 if self._ids is None else self._ids.shape[1]
         feed = ctx.token_ids[:, start:]  # [1, n >= 1] not yet in the draft cache
-        tokens, probs = [], []
-        for _ in range(num_tokens):
-            logits = self._next_logits(feed)  # [1, M or V]
-            q_sub = warp(logits, ctx.sampling)  # [1, M or V]
-            sub = draw(q_sub, ctx.sampling, ctx.generator)  # [1]
-            tok = self.vocab.to_target(sub) if self.vocab is not None else sub  # [1] target id
-            tokens.append(tok)
-            probs.append(self.vocab.expand(q_sub) if self.vocab is not None else q_sub)  # [1, V]
-            feed = tok[:, None]  # [1, 1]
-        if not tokens:
-            return Draft(token_ids=ctx.token_ids.new_zeros((1, 0)))
-        return Draft(token_ids=torch.stack(tokens, dim=1), probs=torch.stack(probs, dim=1))  # [1,K], [1,K,V]
+        return draft_autoregressively(self._next_logits, feed, num_tokens, ctx, self.vocab)
 
     # ------------------------------------------------------------------------------ internals
     def _next_logits(self, feed: Tensor) -> Tensor:

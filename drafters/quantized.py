@@ -27,8 +27,8 @@ import torch
 from torch import Tensor, nn
 from transformers import DynamicCache
 
+from specdraft.draft_loop import draft_autoregressively
 from specdraft.protocol import Draft, DraftContext
-from specdraft.sampling import draw, warp
 from specdraft.vocab import PrunedVocab
 
 if TYPE_CHECKING:
@@ -229,14 +229,4 @@ class QuantizedDrafter:
             self._cache = DynamicCache(config=self.model.config)
         self._round_start = ctx.token_ids.shape[1]
         inputs = ctx.token_ids[:, self._cached :]  # [1, n] (at least the newest token)
-        tokens, probs = [], []
-        for _ in range(num_tokens):
-            logits = self._logits(inputs)  # [1, V] or [1, M]
-            q = warp(logits, ctx.sampling)
-            tok = draw(q, ctx.sampling, ctx.generator)  # [1]
-            if self.vocab is not None:
-                q, tok = self.vocab.expand(q), self.vocab.to_target(tok)
-            tokens.append(tok)
-            probs.append(q)
-            inputs = tok[:, None]
-        return Draft(token_ids=torch.stack(tokens, dim=1), probs=torch.stack(probs, dim=1))
+        return draft_autoregressively(self._logits, inputs, num_tokens, ctx, self.vocab)
