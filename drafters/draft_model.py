@@ -25,8 +25,8 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
-from specdraft.fast_stack import PackedLinear
 from specdraft.draft_loop import draft_autoregressively
+from specdraft.fast_stack import PackedLinear
 from specdraft.protocol import Draft, DraftContext
 from specdraft.target import TargetModel
 from specdraft.vocab import PrunedVocab

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+
 from specdraft.train.selfgen import Prompt
 from specdraft.train.selfgen_prompts import (
+    KINDS,
     build_extra_prompts,
     exclude_suite,
     extra_prompts_for,
@@ -17,7 +20,7 @@ from specdraft.train.selfgen_prompts import (
 def test_every_kind_is_built_with_unique_ids_and_both_splits() -> None:
     prompts = build_extra_prompts(seed=0)
     kinds = Counter(p.kind for p in prompts)
-    assert set(kinds) == {"general_qa", "advice", "email", "math", "code_edit", "code_write", "docread"}
+    assert set(kinds) == set(KINDS)
     assert kinds["math"] == 240 and kinds["code_edit"] == 200
     assert len({p.id for p in prompts}) == len(prompts)
     assert {p.split for p in prompts} == {"train", "eval"}
@@ -55,3 +58,8 @@ def test_followups_continue_the_targets_own_first_answer() -> None:
     chat = f.chat()
     assert [m["role"] for m in chat] == ["user", "assistant", "user"]
     assert chat[0]["content"] == records[0]["prompt"] and chat[1]["content"] == "Start in shallow water."
+
+
+def test_unknown_kinds_are_named_with_the_valid_ones() -> None:
+    with pytest.raises(ValueError, match=r"unknown selfgen kinds \['chit_chat'\]; choose from"):
+        extra_prompts_for(["math", "chit_chat"], suite=lambda: [])

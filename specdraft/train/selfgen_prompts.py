@@ -142,6 +142,7 @@ DOC_QUESTIONS = (
     "What is the most important rule this passage states? Answer in two sentences.",
     "Explain this passage to a beginner in three sentences.",
 )
+KINDS = ("general_qa", "advice", "email", "math", "code_edit", "code_write", "docread")
 MATH_SUFFIXES = (
     "Think step by step.", "Show your reasoning.", "Explain each step.", "Solve it step by step.",
     "Show each step.", "Reason step by step.",
@@ -286,4 +287,10 @@ def extra_prompts_for(kinds: Iterable[str], seed: int = 0,
                       suite: Callable[[], list[str]] = suite_user_texts) -> list[Prompt]:
     """The templated prompts of the given kinds, minus anything in the built-in suite."""
     wanted = set(kinds)
+    unknown = wanted - set(KINDS) - {"followup"}
+    if unknown:
+        raise ValueError(
+            f"unknown selfgen kinds {sorted(unknown)}; choose from {list(KINDS) + ['followup']} "
+            "(followup: second turns after the generated advice answers)."
+        )
     return exclude_suite([p for p in build_extra_prompts(seed) if p.kind in wanted], suite())
