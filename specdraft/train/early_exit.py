@@ -12,7 +12,7 @@ top-k logits/ids [N, k]; training then only runs adapter + norm + lm_head. Every
 resumable (cache shards, training checkpoints), so a killed background job loses little.
 
     specdraft-train-early-exit exit_layer=6 sources=[selfgen] train_tokens=32768 steps=2000 \
-        draft_vocab=specdraft/artifacts/smollm2-135m/medusa/vocab.json out_dir=specdraft/artifacts/smollm2-135m/early_exit
+        draft_vocab=specdraft/artifacts/smollm2-135m/early_exit/draft_vocab.json out_dir=specdraft/artifacts/smollm2-135m/early_exit
 """
 
 from __future__ import annotations
