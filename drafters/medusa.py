@@ -274,9 +274,8 @@ class PackedHeads:
         if len(depth) != 1 or -1 in depth:
             raise ValueError("PackedHeads needs every head to be a Sequential of ResBlocks of one depth.")
         layers = [[blk.linear for blk in head] for head in compiled.blocks]  # [K][N] nn.Linear
-        self.depth = depth.pop()
         self.first = None
-        if self.depth > 0:  # every head's first block reads the same hidden state: one product
+        if depth.pop() > 0:  # every head's first block reads the same hidden state: one product
             self.first = PackedLinear(torch.cat([ls[0].weight.detach() for ls in layers]),
                                       torch.cat([ls[0].bias.detach() for ls in layers]))
         self.rest = [[PackedLinear(lin.weight, lin.bias) for lin in ls[1:]] for ls in layers]
@@ -307,6 +306,7 @@ class PackedHeads:
         h = hidden[:, None].expand(batch, k, size)  # [B, K, H]
         if self.first is not None:
             h = h + F.silu(self.first(hidden).view(batch, k, size))  # [B, K, H]
+        if any(self.rest):  # blocks after the first: per head
             h = torch.stack([self._more(h[:, i], i) for i in range(k)], dim=1)
         x = h.new_zeros(batch, k, self.width)  # [B, K, H + sum r]
         x[..., :size] = h

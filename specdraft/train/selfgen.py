@@ -26,7 +26,7 @@ import json
 import random
 import sysconfig
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,15 +66,25 @@ def _first_sentence(doc: str, max_chars: int = 160) -> str:
     return sent[:max_chars]
 
 
-def _stdlib_docstrings(max_files: int = 400) -> Iterator[tuple[str, str, str]]:
-    """(module, function name, first docstring sentence) for public stdlib functions."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = [p for p in sorted(root.glob("*.py")) if not p.name.startswith("_")][:max_files]
-    for path in files:
+def stdlib_files() -> list[Path]:
+    """The standard library's top-level modules (*.py), sorted by name."""
+    return sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+
+
+def parsed_modules(paths: Iterable[Path]) -> Iterator[tuple[Path, str, ast.Module]]:
+    """(path, source, syntax tree) of every file that reads and parses (others are skipped)."""
+    for path in paths:
         try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
+            text = path.read_text(encoding="utf-8")
+            yield path, text, ast.parse(text)
         except (SyntaxError, UnicodeDecodeError, OSError):
             continue
+
+
+def _stdlib_docstrings(max_files: int = 400) -> Iterator[tuple[str, str, str]]:
+    """(module, function name, first docstring sentence) for public stdlib functions."""
+    files = [p for p in stdlib_files() if not p.name.startswith("_")][:max_files]
+    for path, _, tree in parsed_modules(files):
         mod_doc = ast.get_docstring(tree)
         if mod_doc:
             yield path.stem, "", _first_sentence(mod_doc)
@@ -215,13 +225,14 @@ def run_selfgen(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / SELFGEN_FILE
-    done = {json.loads(line)["id"] for line in path.read_text().splitlines()} if path.is_file() else set()
+    records = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    done = {r["id"] for r in records}
     if kinds:
         from specdraft.train.selfgen_prompts import extra_prompts_for, followup_prompts
 
         pool = extra_prompts_for(kinds, seed)
-        if "followup" in kinds and path.is_file():
-            pool += followup_prompts((json.loads(line) for line in path.read_text().splitlines()), seed)
+        if "followup" in kinds:
+            pool += followup_prompts(records, seed)
         todo = sorted((p for p in pool if p.id not in done), key=lambda p: len(p.text) + sum(len(c) for _, c in p.history))
     else:
         todo = [p for p in build_prompts(num_prompts, seed) if p.id not in done]

@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import ast
 import random
-import sysconfig
 from collections.abc import Callable, Iterable
-from pathlib import Path
 
-from specdraft.train.selfgen import Prompt
+from specdraft.train.selfgen import Prompt, parsed_modules, stdlib_files
 
 # ------------------------------------------------------------------------------------ word lists
 COUNTRIES = (
@@ -174,15 +172,8 @@ def _math(rng: random.Random) -> str:
 
 def _short_stdlib_functions(max_lines: int = 24, max_files: int = 200) -> Iterable[tuple[str, str]]:
     """(qualified name, source) of short top-level stdlib functions that have a body worth editing."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    for path in sorted(root.glob("*.py"))[:max_files]:
-        if path.name.startswith("_"):
-            continue
-        try:
-            text = path.read_text(encoding="utf-8")
-            tree = ast.parse(text)
-        except (SyntaxError, UnicodeDecodeError, OSError):
-            continue
+    files = [p for p in stdlib_files()[:max_files] if not p.name.startswith("_")]
+    for path, text, tree in parsed_modules(files):
         for node in tree.body:
             if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
                 src = ast.get_source_segment(text, node)
