@@ -216,7 +216,7 @@ def run_selfgen(
     """Generate (or resume) the self-distillation JSONL; top-k teacher shards go to cache_dir.
 
     `kinds` empty: the first `num_prompts` of `build_prompts`. Otherwise every templated prompt of
-    those kinds (`selfgen_prompts`; "followup" = a second turn after each generated "advice"
+    those kinds (`selfgen_prompts`; "followup" = a next turn after each generated "advice" or "revise"
     answer, so generate "advice" first), shortest first, so that a batch wastes little padding."""
     from specdraft.models import load_target
 
@@ -306,7 +306,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--max-seconds", type=float, default=None)
     ap.add_argument("--kinds", default="", help="comma-separated templated kinds (selfgen_prompts), e.g. "
-                    "general_qa,advice,email,math,code_edit,code_write,docread,followup")
+                    "general_qa,advice,email,math,code_edit,code_write,docread,revise,followup")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     run_selfgen(

@@ -140,7 +140,108 @@ DOC_QUESTIONS = (
     "What is the most important rule this passage states? Answer in two sentences.",
     "Explain this passage to a beginner in three sentences.",
 )
-KINDS = ("general_qa", "advice", "email", "math", "code_edit", "code_write", "docread")
+# Multi-turn "revise" chats: a user request, a short human-style assistant answer written here (not
+# the target's), then a request to change that answer, as in the suite's chat category.
+LISTS = (
+    ("to-do list", ("call the bank", "water the plants", "pay the rent", "book a haircut", "clean the bathroom",
+                    "reply to Tom", "buy stamps", "fix the bike light", "return the library books")),
+    ("reading list", ("Dune", "Emma", "Beloved", "Middlemarch", "Walden", "The Hobbit", "Kindred", "Persuasion")),
+    ("guest list", ("Maria", "Jonas", "Priya", "Lucas", "Sofia", "Omar", "Hannah", "Kenji", "Elena")),
+    ("list of chores", ("vacuum the stairs", "take out the trash", "wash the dishes", "iron the shirts",
+                        "feed the cat", "mow the lawn", "dust the shelves")),
+    ("playlist", ("Yesterday", "Imagine", "Hallelujah", "Halo", "Africa", "Respect", "Wonderwall", "Jolene")),
+    ("list of errands", ("pick up the dry cleaning", "post the parcel", "refill the prescription",
+                         "get the car washed", "drop off the recycling", "collect the keys")),
+    ("packing list", ("passport", "charger", "toothbrush", "sunglasses", "socks", "a rain jacket", "a towel")),
+    ("list of gift ideas", ("a scarf", "a board game", "a cookbook", "concert tickets", "a plant", "a mug")),
+)
+LIST_EDITS = (
+    "Please add {x} and {y}, then show me the full list again.",
+    "Remove {a} and add {x}. Show the updated list.",
+    "Sort the list alphabetically.",
+    "Can you turn it into bullet points instead of numbers?",
+    "Add {x} at the top and give me the complete list.",
+    "Which item should I do first? Then show the list again with that item first.",
+)
+CODE_SNIPPETS = (
+    ("keep only the even numbers from a list", "evens = []\nfor n in numbers:\n    if n % 2 == 0:\n        evens.append(n)\nprint(evens)"),
+    ("turn every word in a list into upper case", "upper = []\nfor word in words:\n    upper.append(word.upper())\nprint(upper)"),
+    ("get the length of every name in a list", "lengths = []\nfor name in names:\n    lengths.append(len(name))\nprint(lengths)"),
+    ("add up the prices in a list", "total = 0\nfor price in prices:\n    total = total + price\nprint(total)"),
+    ("build a dictionary from two lists of keys and values", "result = {}\nfor i in range(len(keys)):\n    result[keys[i]] = values[i]\nprint(result)"),
+    ("count how often each letter appears in a word", "counts = {}\nfor ch in word:\n    if ch in counts:\n        counts[ch] += 1\n    else:\n        counts[ch] = 1\nprint(counts)"),
+    ("find the largest number in a list", "largest = numbers[0]\nfor n in numbers:\n    if n > largest:\n        largest = n\nprint(largest)"),
+    ("read a file and print its lines", "f = open('notes.txt')\nfor line in f:\n    print(line.strip())\nf.close()"),
+    ("join a list of words with commas", "text = ''\nfor i, word in enumerate(words):\n    if i > 0:\n        text += ', '\n    text += word\nprint(text)"),
+    ("remove the empty strings from a list", "cleaned = []\nfor s in items:\n    if s != '':\n        cleaned.append(s)\nprint(cleaned)"),
+    ("print the numbers from 10 down to 1", "n = 10\nwhile n > 0:\n    print(n)\n    n = n - 1"),
+    ("check if a string is a palindrome", "is_palindrome = True\nfor i in range(len(s) // 2):\n    if s[i] != s[len(s) - 1 - i]:\n        is_palindrome = False\nprint(is_palindrome)"),
+)
+CODE_EDITS = (
+    "Please rewrite it using a list comprehension or a built-in function.",
+    "Put that code into a function with a docstring.",
+    "Add a comment to each line.",
+    "Add type hints and wrap it in a function.",
+    "How would I test this code? Write one pytest test.",
+    "Make it shorter.",
+)
+EMAIL_DRAFTS = (
+    "Subject: {topic}\n\nHi,\n\nJust a quick note: {what}. Let me know if you have any questions.\n\nBest,",
+    "Subject: {topic}\n\nHello,\n\nI wanted to let you know that {what}. Thank you for understanding.\n\nKind regards",
+)
+EMAIL_EDITS = (
+    "Make it more polite and sign it with my name, {name}.",
+    "Make it shorter and friendlier.",
+    "Add a sentence asking for a reply by Wednesday.",
+    "Please make it sound more formal. My name is {name}.",
+    "Rewrite it as a short text message instead.",
+)
+ADVICE_TURNS = (
+    ("I want to grow tomatoes on my balcony. How do I start?",
+     "Buy a large pot with drainage holes, good potting soil and a young tomato plant. Put it in the sunniest spot and water it every morning."),
+    ("How can I get better at public speaking?",
+     "Practise your talk out loud several times, record yourself, and start with small groups of friends before larger audiences."),
+    ("I keep forgetting people's names. Any advice?",
+     "Repeat the name when you are introduced, use it once or twice in the conversation, and link it to something you notice about the person."),
+    ("What should I do to prepare for a long flight?",
+     "Wear comfortable clothes, bring a neck pillow and headphones, drink plenty of water and stand up to stretch every couple of hours."),
+    ("How do I clean a cast iron pan?",
+     "Rinse it with hot water while it is still warm, scrub it with a brush, dry it completely and rub in a thin layer of oil."),
+    ("My houseplant has yellow leaves. What is wrong?",
+     "Yellow leaves usually mean too much water. Let the soil dry out between waterings and make sure the pot drains well."),
+    ("How can I save money on groceries?",
+     "Plan your meals for the week, write a list before you go, buy store brands and avoid shopping when you are hungry."),
+    ("What is a good morning routine?",
+     "Wake up at the same time every day, drink a glass of water, move for ten minutes and plan your three most important tasks."),
+    ("How do I start learning to draw?",
+     "Get a pencil and a sketchbook, draw simple objects around you every day, and learn basic shapes, light and shadow."),
+    ("How can I make my small flat feel bigger?",
+     "Use light colours on the walls, add a large mirror, keep the floor clear and choose furniture with legs so you can see under it."),
+    ("What should I bring to a job interview?",
+     "Bring two copies of your CV, a notebook and pen, a list of questions for the interviewer and the address and contact name."),
+    ("How do I train my dog to sit?",
+     "Hold a treat above its nose, move it slowly back over its head, and say 'sit' as it lowers itself. Reward it right away."),
+)
+ADVICE_EDITS = (
+    "Thanks. Can you put that into a numbered list of steps?",
+    "That sounds hard. What is the single most important thing?",
+    "Can you explain that in more detail?",
+    "I only have ten minutes a day. What should I change?",
+    "Can you give me all of that as a checklist with bullet points?",
+)
+SECOND_REVISIONS = {  # a third user turn after the target's own revised answer ("followup" of "revise")
+    "list": ("Thanks. Now remove the last item and show the list again.",
+             "Can you group the items into two categories?", "Show the list in reverse order.",
+             "Please add a short note next to each item."),
+    "code": ("Can you explain how the new version works?", "Now add error handling for an empty input.",
+             "Show me how to call it with an example.", "Thanks. Can you make the variable names clearer?"),
+    "email": ("Thanks. Now make it a bit shorter.", "Can you add a line thanking them for their patience?",
+              "Now write a short reply to this email.", "Can you suggest a better subject line?"),
+    "advice": ("Thanks. What should I avoid?", "Can you summarise that in one sentence?",
+               "How long will it take to see results?", "Can you make it into a weekly plan?"),
+}
+NAMES = ("Lena Fischer", "Tom Baker", "Aisha Khan", "Marco Rossi", "Yuki Tanaka", "Sara Lind")
+KINDS = ("general_qa", "advice", "email", "math", "code_edit", "code_write", "docread", "revise")
 MATH_SUFFIXES = (
     "Think step by step.", "Show your reasoning.", "Explain each step.", "Solve it step by step.",
     "Show each step.", "Reason step by step.",
@@ -170,6 +271,37 @@ def _math(rng: random.Random) -> str:
     return f"{rng.choice(templates)} {rng.choice(MATH_SUFFIXES)}"
 
 
+def _revise_prompts(rng: random.Random) -> list[Prompt]:
+    """Multi-turn chats whose assistant turn is written here and whose last turn asks to change it."""
+    out = []
+    for name, items in LISTS:
+        for j, edit in enumerate(LIST_EDITS):
+            picked = rng.sample(items, 4)
+            rest = [i for i in items if i not in picked]
+            listed = "\n".join(f"{k + 1}. {i[0].upper() + i[1:]}" for k, i in enumerate(picked))
+            history = (("user", f"Here is my {name}: {', '.join(picked)}."),
+                       ("assistant", f"Got it. Your {name} is:\n{listed}"))
+            ask = edit.format(x=rest[0], y=rest[1], a=picked[1])
+            out.append(Prompt(f"revise/list/{name}/{j}", "revise", ask, history=history))
+    for task, code in CODE_SNIPPETS:
+        for j, edit in enumerate(CODE_EDITS):
+            history = (("user", f"How do I {task} in Python?"),
+                       ("assistant", f"You can use a loop:\n\n```python\n{code}\n```"))
+            out.append(Prompt(f"revise/code/{task}/{j}", "revise", edit, history=history))
+    for who, what in EMAILS:
+        for j, edit in enumerate(EMAIL_EDITS):
+            topic = what[0].upper() + what[1:]
+            draft = rng.choice(EMAIL_DRAFTS).format(topic=topic, what=what)
+            history = (("user", f"Please write a short email to {who} saying {what}."), ("assistant", draft))
+            out.append(Prompt(f"revise/email/{who}/{what}/{j}", "revise",
+                              edit.format(name=rng.choice(NAMES)), history=history))
+    for i, (question, answer) in enumerate(ADVICE_TURNS):
+        for j, edit in enumerate(ADVICE_EDITS):
+            out.append(Prompt(f"revise/advice/{i}/{j}", "revise", edit,
+                              history=(("user", question), ("assistant", answer))))
+    return out
+
+
 def _short_stdlib_functions(max_lines: int = 24, max_files: int = 200) -> Iterable[tuple[str, str]]:
     """(qualified name, source) of short top-level stdlib functions that have a body worth editing."""
     files = [p for p in stdlib_files()[:max_files] if not p.name.startswith("_")]
@@ -182,8 +314,8 @@ def _short_stdlib_functions(max_lines: int = 24, max_files: int = 200) -> Iterab
 
 
 def build_extra_prompts(seed: int = 0, max_code_edit: int = 200) -> list[Prompt]:
-    """All templated prompts of the kinds general_qa, advice, email, math, code_edit, code_write
-    and docread, in a deterministic order."""
+    """All templated prompts of the kinds general_qa, advice, email, math, code_edit, code_write,
+    docread and revise, in a deterministic order."""
     from pydoc_data.topics import topics
 
     rng = random.Random(seed)
@@ -226,22 +358,30 @@ def build_extra_prompts(seed: int = 0, max_code_edit: int = 200) -> list[Prompt]
                 Prompt(f"docread/{key}", "docread",
                        f"Read this passage from the Python documentation:\n\n{body[:1500]}\n\n{q}")
             )
+    out += _revise_prompts(random.Random(seed + 1))  # own stream: the kinds above stay as generated
     return out
 
 
 def followup_prompts(records: Iterable[dict], seed: int = 0) -> list[Prompt]:
-    """Second turns: for every generated `advice` answer, one follow-up question in the same chat
-    (the target's own first answer is the assistant turn, as in the suite's multi-turn chats)."""
+    """Next turns in the same chat, after the target's own answer (as in the suite's multi-turn
+    chats): one follow-up question for every generated `advice` answer, and one more change for
+    every generated `revise` answer (whose earlier turns are rebuilt from its id)."""
     rng = random.Random(seed)
+    revise = {p.id: p for p in _revise_prompts(random.Random(seed + 1))}
     out = []
     for r in records:
-        if r.get("kind") != "advice" or not r.get("completion"):
+        if not r.get("completion"):
             continue
-        q = rng.choice(FOLLOWUPS_BY_SKILL)
-        out.append(
-            Prompt(f"followup/{r['id']}", "followup", q,
-                   history=(("user", r["prompt"]), ("assistant", r["completion"].strip())))
-        )
+        if r.get("kind") == "advice":
+            history = (("user", r["prompt"]), ("assistant", r["completion"].strip()))
+            q = rng.choice(FOLLOWUPS_BY_SKILL)
+        elif r.get("kind") == "revise" and r["id"] in revise:
+            first = revise[r["id"]]
+            history = first.history + (("user", first.text), ("assistant", r["completion"].strip()))
+            q = rng.choice(SECOND_REVISIONS[r["id"].split("/")[1]])
+        else:
+            continue
+        out.append(Prompt(f"followup/{r['id']}", "followup", q, history=history))
     return out
 
 
@@ -253,7 +393,7 @@ def exclude_suite(prompts: Iterable[Prompt], suite_texts: Iterable[str]) -> list
     joined = "\n".join(texts)
 
     def clash(p: Prompt) -> bool:
-        if p.text in exact:
+        if p.text in exact or any(c in exact for r, c in p.history if r == "user"):
             return True
         if "```python\n" in p.text:
             code = p.text.split("```python\n", 1)[1].split("```", 1)[0]
@@ -282,6 +422,6 @@ def extra_prompts_for(kinds: Iterable[str], seed: int = 0,
     if unknown:
         raise ValueError(
             f"unknown selfgen kinds {sorted(unknown)}; choose from {list(KINDS) + ['followup']} "
-            "(followup: second turns after the generated advice answers)."
+            "(followup: next turns after the generated advice and revise answers)."
         )
     return exclude_suite([p for p in build_extra_prompts(seed) if p.kind in wanted], suite())
