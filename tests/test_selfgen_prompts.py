@@ -9,7 +9,9 @@ import pytest
 
 from specdraft.train.selfgen import Prompt
 from specdraft.train.selfgen_prompts import (
+    FOLLOWUPS_BY_SKILL,
     KINDS,
+    SECOND_REVISIONS,
     build_extra_prompts,
     exclude_suite,
     extra_prompts_for,
@@ -37,6 +39,8 @@ def test_no_prompt_is_a_builtin_suite_prompt_or_quotes_its_code() -> None:
         if p.kind == "code_edit":
             first_line = p.text.split("```python\n", 1)[1].splitlines()[0]
             assert first_line not in joined, p.id
+    follow_ups = list(FOLLOWUPS_BY_SKILL) + [q for qs in SECOND_REVISIONS.values() for q in qs]
+    assert not set(follow_ups) & set(suite)  # follow-up turns are not filtered later: none may be a suite text
 
 
 def test_exclude_suite_drops_exact_questions_and_quoted_code() -> None:
