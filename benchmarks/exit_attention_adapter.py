@@ -24,13 +24,16 @@ import time
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 from specdraft.models import load_target
-from specdraft.train.early_exit import distill_loss
+from specdraft.train.early_exit import distill_loss, teacher_cache_dir
 from specdraft.vocab import PrunedVocab
 
-VOCAB = Path(__file__).resolve().parent.parent / "specdraft/artifacts/smollm2-135m/early_exit/draft_vocab.json"
+ROOT = Path(__file__).resolve().parent.parent
+VOCAB = ROOT / "specdraft/artifacts/smollm2-135m/early_exit/draft_vocab.json"
+CONF = ROOT / "conf/train_early_exit.yaml"
 
 
 def load_cache(directory: Path, block: int) -> dict[str, torch.Tensor]:
@@ -56,14 +59,17 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--lr", type=float, default=2e-4)
     ap.add_argument("--batch-blocks", type=int, default=4)
-    ap.add_argument("--block", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--cache", default="~/.cache/specdraft/early_exit/smollm2-135m_E{E}_T256_k32")
+    ap.add_argument("--cache-dir", default=None, help="the recipe's cache_dir (default: conf/train_early_exit.yaml's)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    root = Path(args.cache.format(E=args.exit_layer)).expanduser()
-    train, held = load_cache(root / "train", args.block), load_cache(root / "eval", args.block)
+    cfg = OmegaConf.load(CONF)  # the recipe's defaults name its cache (stdlib + pydoc, block size, top-k)
+    cfg.exit_layer = args.exit_layer
+    if args.cache_dir is not None:
+        cfg.cache_dir = args.cache_dir
+    root = teacher_cache_dir(cfg)
+    train, held = load_cache(root / "train", cfg.block_size), load_cache(root / "eval", cfg.block_size)
     target = load_target("smollm2-135m", device="cpu")
     inner = target.model.model
     vocab = PrunedVocab.load(VOCAB)
@@ -106,7 +112,7 @@ def main() -> None:
         if step % 100 == 0:
             print(f"step {step} ({elapsed:.0f} s) loss {loss.item():.3f}", flush=True)
     after = agreement()
-    print(f"after {step} steps ({args.minutes:g} min, batch {args.batch_blocks} x {args.block} tokens): "
+    print(f"after {step} steps ({args.minutes:g} min, batch {args.batch_blocks} x {cfg.block_size} tokens): "
           f"held-out top-1 / top-5 {after[0]:.3f} / {after[1]:.3f} (untrained {before[0]:.3f} / {before[1]:.3f})")
 
 

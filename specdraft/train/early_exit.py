@@ -182,6 +182,15 @@ def _load_blocks(cfg, target: TargetModel, split: str, max_tokens: int) -> Tenso
     return ids[: n * cfg.block_size].view(n, cfg.block_size)
 
 
+def teacher_cache_dir(cfg) -> Path:  # noqa: ANN001 - an OmegaConf DictConfig
+    """Where the recipe caches layer-E hidden states and teacher top-k for this config. Shards are
+    blocks of the same token stream, so a larger train_tokens reuses them."""
+    sources = "" if list(cfg.sources) == ["stdlib", "pydoc"] else "_" + "+".join(cfg.sources)
+    return Path(cfg.cache_dir).expanduser() / (
+        f"{cfg.cache_name}{sources}_E{cfg.exit_layer}_T{cfg.block_size}_k{cfg.top_k}"
+    )
+
+
 def run(cfg) -> dict:  # noqa: ANN001 - an OmegaConf DictConfig
     """The whole recipe from a config (see conf/train_early_exit.yaml); returns the eval metrics."""
     from hydra.utils import instantiate
@@ -191,10 +200,7 @@ def run(cfg) -> dict:  # noqa: ANN001 - an OmegaConf DictConfig
     layers = target.num_layers
     if not 1 <= cfg.exit_layer < layers:
         raise ValueError(f"exit_layer must be in [1, {layers - 1}] for this target, got {cfg.exit_layer}.")
-    sources = "" if list(cfg.sources) == ["stdlib", "pydoc"] else "_" + "+".join(cfg.sources)
-    cache_root = Path(cfg.cache_dir).expanduser() / (
-        f"{cfg.cache_name}{sources}_E{cfg.exit_layer}_T{cfg.block_size}_k{cfg.top_k}"
-    )  # shards are blocks of the same token stream: a larger train_tokens reuses them
+    cache_root = teacher_cache_dir(cfg)
     train_blocks = _load_blocks(cfg, target, "train", cfg.train_tokens)
     eval_blocks = _load_blocks(cfg, target, "eval", cfg.eval_tokens)
     train = precompute_teacher(target, train_blocks, cfg.exit_layer, cfg.top_k, cache_root / "train")

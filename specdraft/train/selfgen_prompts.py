@@ -271,8 +271,10 @@ def _math(rng: random.Random) -> str:
     return f"{rng.choice(templates)} {rng.choice(MATH_SUFFIXES)}"
 
 
-def _revise_prompts(rng: random.Random) -> list[Prompt]:
-    """Multi-turn chats whose assistant turn is written here and whose last turn asks to change it."""
+def _revise_prompts(seed: int) -> list[Prompt]:
+    """Multi-turn chats whose assistant turn is written here and whose last turn asks to change it.
+    Their own random stream (seed + 1), so adding them left the other kinds' prompts as generated."""
+    rng = random.Random(seed + 1)
     out = []
     for name, items in LISTS:
         for j, edit in enumerate(LIST_EDITS):
@@ -358,7 +360,7 @@ def build_extra_prompts(seed: int = 0, max_code_edit: int = 200) -> list[Prompt]
                 Prompt(f"docread/{key}", "docread",
                        f"Read this passage from the Python documentation:\n\n{body[:1500]}\n\n{q}")
             )
-    out += _revise_prompts(random.Random(seed + 1))  # own stream: the kinds above stay as generated
+    out += _revise_prompts(seed)
     return out
 
 
@@ -367,7 +369,7 @@ def followup_prompts(records: Iterable[dict], seed: int = 0) -> list[Prompt]:
     chats): one follow-up question for every generated `advice` answer, and one more change for
     every generated `revise` answer (whose earlier turns are rebuilt from its id)."""
     rng = random.Random(seed)
-    revise = {p.id: p for p in _revise_prompts(random.Random(seed + 1))}
+    revise = {p.id: p for p in _revise_prompts(seed)}
     out = []
     for r in records:
         if not r.get("completion"):
