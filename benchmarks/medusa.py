@@ -76,7 +76,8 @@ def run_generation(target, heads: str, prompts: list[list[int]], max_new: int,
 
 
 def chain_k(target, heads: str) -> int:  # noqa: ANN001
-    return load_heads(heads, target.lm_head.weight).get_base_model().num_heads
+    embed = target.model.get_input_embeddings().weight
+    return load_heads(heads, target.lm_head.weight, embed).get_base_model().num_heads
 
 
 MODES = ("chain", "tree", "tree16")

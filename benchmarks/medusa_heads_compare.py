@@ -36,7 +36,7 @@ def main() -> None:
     print(f"held-out positions: { {n: len(d.choice) for n, d in evals.items()} }")
     print("| heads | held-out set | top-1 head 1 / 2 / 3 | top-5 head 1 / 2 / 3 |\n|---|---|---|---|")
     for heads in args.heads:
-        model = load_heads(heads, target.lm_head.weight)
+        model = load_heads(heads, target.lm_head.weight, target.model.get_input_embeddings().weight)
         vocab = Path(heads) / VOCAB_FILE
         rows = PrunedVocab.load(vocab).ids if vocab.is_file() else None
         k = model.get_base_model().num_heads

@@ -7,7 +7,18 @@ newest token x_n and guesses x_{n+k+1}; one target forward therefore yields the 
     h_k = ResBlock^N(h),  ResBlock(x) = x + SiLU(W x + b)   (W, b zero-initialised)
     logits_k = lm_head(h_k) + (alpha / r) * B_k A_k h_k      (target's tied lm_head, frozen; LoRA delta)
 
-so a fresh head (zero blocks, B_k = 0) reproduces the target's own logits exactly. Training uses PEFT
+so a fresh head (zero blocks, B_k = 0) reproduces the target's own logits exactly.
+
+Recurrent heads (`recurrent=True`, Hydra / ReDrafter style): head k also reads the token drafted
+before it. With s_{-1} = h and y_0 = x_n (the newest token), y_k = the draft token at depth k,
+
+    s_k = ResBlock^N(TokenBlock_k(s_{k-1}, y_k)),  TokenBlock(s, y) = s + SiLU(W [s ; E y] + b)
+    logits_k = lm_head(s_k) + (alpha / r) * B_k A_k s_k
+
+(E = the target's input embedding, frozen; W, b zero-initialised, so a fresh recurrent head also
+reproduces the lm_head). Plain Medusa heads must guess x_{n+k+1} without knowing the tokens
+guessed before it; a recurrent head is told them, at the price of K small sequential steps, and a
+tree node's children then depend on its path (`specdraft.tree.path_tree_draft`). Training uses PEFT
 (`modules_to_save` for the blocks, LoRA on the per-head projections; specdraft/train/medusa.py) and
 saves a PEFT adapter directory; `MedusaDrafter` loads it onto a `MedusaHeads` built from the bound
 target, so no weight of the target is stored twice. The option `full_projection` gives each head its
@@ -34,7 +45,7 @@ from torch import Tensor, nn
 from specdraft.costs import cached_verify_curve
 from specdraft.protocol import Draft, DraftContext
 from specdraft.sampling import sample, warp
-from specdraft.tree import MAX_TREE_NODES, load_tree, tree_draft
+from specdraft.tree import MAX_TREE_NODES, load_tree, path_tree_draft, tree_draft
 
 if TYPE_CHECKING:
     from specdraft.target import TargetModel
@@ -57,11 +68,28 @@ class ResBlock(nn.Module):
         return x + F.silu(self.linear(x))
 
 
+class TokenBlock(nn.Module):
+    """s + SiLU(Linear([s ; e])): a recurrent head's input from the previous state s [.., H] and
+    the embedding e [.., H] of the token drafted before it; zero-initialised (a fresh block is s)."""
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(2 * hidden_size, hidden_size)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, state: Tensor, embedded: Tensor) -> Tensor:
+        return state + F.silu(self.linear(torch.cat([state, embedded], dim=-1)))
+
+
 class MedusaHeads(nn.Module):
     """K Medusa heads: `blocks[k]` (N distinct ResBlocks) then the projection `lm_heads[k]`.
 
     lm_head_weight: [V, H] the target's output embedding. Shared (frozen, not copied) by every
         head unless full_projection, which gives each head its own trainable clone.
+    recurrent: head k starts with `inputs[k]`, a TokenBlock on the previous head's state and the
+        token drafted before it (module docstring); needs embed_weight [V, H], the target's input
+        embedding (frozen, not copied, not saved).
     """
 
     def __init__(
@@ -70,6 +98,8 @@ class MedusaHeads(nn.Module):
         num_heads: int = 3,
         num_layers: int = 1,
         full_projection: bool = False,
+        recurrent: bool = False,
+        embed_weight: Tensor | None = None,
     ) -> None:
         super().__init__()
         if num_heads < 1 or num_layers < 0:
@@ -77,8 +107,16 @@ class MedusaHeads(nn.Module):
                 f"need num_heads >= 1 and num_layers >= 0, got num_heads={num_heads}, "
                 f"num_layers={num_layers}."
             )
+        if recurrent and embed_weight is None:
+            raise ValueError(
+                "recurrent heads read the drafted tokens: pass embed_weight, the target's input "
+                "embedding (target.model.get_input_embeddings().weight)."
+            )
         vocab, hidden = lm_head_weight.shape
         self.num_heads, self.num_layers, self.full_projection = num_heads, num_layers, full_projection
+        self.recurrent = recurrent
+        self.embed_weight = embed_weight.detach() if recurrent else None  # [V, H], not a parameter
+        self.inputs = nn.ModuleList(TokenBlock(hidden) for _ in range(num_heads if recurrent else 0))
         self.blocks = nn.ModuleList(
             nn.Sequential(*[ResBlock(hidden) for _ in range(num_layers)]) for _ in range(num_heads)
         )
@@ -92,35 +130,61 @@ class MedusaHeads(nn.Module):
             self.lm_heads.append(proj)
         self.to(lm_head_weight.device)
 
-    def head_hidden(self, hidden: Tensor) -> Tensor:
-        """hidden [..., H] -> every head's block output [..., K, H]."""
-        return torch.stack([blk(hidden) for blk in self.blocks], dim=-2)
+    def head_hidden(self, hidden: Tensor, tokens: Tensor | None = None) -> Tensor:
+        """hidden [..., H] (and, for recurrent heads, tokens [..., K]: y_0 = the newest token,
+        y_k = the draft token before head k) -> every head's block output [..., K, H]."""
+        return _head_states(self.blocks, list(self.inputs), self.embed_weight, hidden, tokens)
 
-    def forward(self, hidden: Tensor) -> Tensor:
-        """hidden [..., H] -> logits [..., K, V] of every head."""
-        h = self.head_hidden(hidden)  # [..., K, H]
+    def forward(self, hidden: Tensor, tokens: Tensor | None = None) -> Tensor:
+        """hidden [..., H] (tokens [..., K] for recurrent heads) -> logits [..., K, V] of every head."""
+        h = self.head_hidden(hidden, tokens)  # [..., K, H]
         return torch.stack([proj(h[..., k, :]) for k, proj in enumerate(self.lm_heads)], dim=-2)
 
     def architecture(self) -> dict[str, int | bool]:
         """What is needed to rebuild the module before loading an adapter into it."""
-        return {
+        arch: dict[str, int | bool] = {
             "num_heads": self.num_heads,
             "num_layers": self.num_layers,
             "full_projection": self.full_projection,
         }
+        if self.recurrent:
+            arch["recurrent"] = True
+        return arch
+
+
+def _head_states(blocks: Sequence[nn.Module], inputs: Sequence[nn.Module], embed: Tensor | None,
+                 hidden: Tensor, tokens: Tensor | None) -> Tensor:
+    """Every head's state [..., K, H] from hidden [..., H]: independent heads, or the recurrence
+    s_k = blocks_k(inputs_k(s_{k-1}, E y_k)) when `inputs` is non-empty (tokens [..., K])."""
+    if not inputs:
+        return torch.stack([blk(hidden) for blk in blocks], dim=-2)
+    if tokens is None or embed is None:
+        raise ValueError("recurrent heads need the tokens before each head (tokens [..., K]).")
+    states, state = [], hidden
+    for k, blk in enumerate(blocks):
+        state = blk(inputs[k](state, F.embedding(tokens[..., k], embed)))
+        states.append(state)
+    return torch.stack(states, dim=-2)
 
 
 def lora_config(
-    num_heads: int, num_layers: int, rank: int, alpha: float, full_projection: bool
+    num_heads: int, num_layers: int, rank: int, alpha: float, full_projection: bool,
+    recurrent: bool = False,
 ):  # noqa: ANN201
-    """The PEFT LoraConfig for Medusa heads: every head's blocks fully trained (`modules_to_save`),
-    LoRA (rank `rank`) on the shared projections; with full_projection the projections are trained
-    whole (`modules_to_save`) and the LoRA sits on the blocks instead."""
+    """The PEFT LoraConfig for Medusa heads: every head's blocks (and recurrent input blocks) fully
+    trained (`modules_to_save`), LoRA (rank `rank`) on the shared projections; with full_projection
+    the projections are trained whole (`modules_to_save`) and the LoRA sits on the blocks instead."""
     from peft import LoraConfig
 
     if rank < 1:
         raise ValueError(f"lora_rank must be >= 1, got {rank}.")
     heads = range(num_heads)
+    if recurrent:
+        if full_projection:
+            raise ValueError("recurrent heads share the target's projection: set full_projection=false.")
+        names = [f"lm_heads.{k}" for k in heads]
+        saved = [f"blocks.{k}" for k in heads if num_layers > 0] + [f"inputs.{k}" for k in heads]
+        return LoraConfig(r=rank, lora_alpha=alpha, target_modules=names, modules_to_save=saved)
     if full_projection:
         # PEFT needs a LoRA target: the blocks get LoRA, the whole projections are trained.
         blocks = [f"blocks.{k}.{j}.linear" for k in heads for j in range(num_layers)]
@@ -139,16 +203,26 @@ def build_peft_heads(heads: MedusaHeads, rank: int = 8, alpha: float = 16.0):  #
 
     for p in heads.parameters():
         p.requires_grad_(False)
-    cfg = lora_config(heads.num_heads, heads.num_layers, rank, alpha, heads.full_projection)
+    cfg = lora_config(heads.num_heads, heads.num_layers, rank, alpha, heads.full_projection,
+                      heads.recurrent)
     return get_peft_model(heads, cfg)
 
 
-def save_heads(peft_model, out_dir: str | Path, provenance: dict) -> None:  # noqa: ANN001
+def save_heads(peft_model, out_dir: str | Path, provenance: dict,  # noqa: ANN001
+               dtype: torch.dtype = torch.float32) -> None:
     """Save the PEFT adapter (adapter_config.json + adapter_model.safetensors), the heads'
-    architecture and a JSON of how they were made."""
+    architecture and a JSON of how they were made. dtype: the stored weights' (float16 halves the
+    file; loading casts back to the heads' float32)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     peft_model.save_pretrained(str(out))
+    if dtype != torch.float32:
+        from safetensors.torch import load_file, save_file
+
+        weights = out / "adapter_model.safetensors"
+        stored = {k: v.to(dtype) if v.is_floating_point() else v for k, v in load_file(weights).items()}
+        save_file(stored, weights, metadata={"format": "pt"})
+        weights.chmod(0o644)
     base: MedusaHeads = peft_model.get_base_model()
     (out / HEADS_CONFIG).write_text(json.dumps(base.architecture(), indent=2) + "\n")
     (out / "provenance.json").write_text(json.dumps(provenance, indent=2) + "\n")
@@ -160,27 +234,30 @@ def save_heads(peft_model, out_dir: str | Path, provenance: dict) -> None:  # no
 
 
 def resolve_heads_dir(heads: str | Path) -> Path:
-    """An adapter directory, or a target alias whose shipped heads live in specdraft/artifacts."""
+    """An adapter directory, or a shipped set in specdraft/artifacts: a target alias (its Medusa
+    heads, "smollm2-135m") or alias/name ("smollm2-135m/medusa_recurrent")."""
     path = Path(heads).expanduser()
     if not path.is_dir():
-        path = ARTIFACTS / str(heads) / "medusa"
+        path = ARTIFACTS / str(heads)
+        path = path if (path / HEADS_CONFIG).is_file() else path / "medusa"
     if not (path / HEADS_CONFIG).is_file() or not (path / "adapter_config.json").is_file():
         raise ValueError(
             f"no Medusa heads at {str(heads)!r}: pass a directory written by specdraft-train-medusa "
             "(adapter_config.json + medusa_config.json) or a target alias with shipped heads "
-            "(e.g. 'smollm2-135m')."
+            "(e.g. 'smollm2-135m' or 'smollm2-135m/medusa_recurrent')."
         )
     return path
 
 
-def load_heads(heads: str | Path, lm_head_weight: Tensor) -> MedusaHeads:
-    """Rebuild MedusaHeads on the target's lm_head and load a saved PEFT adapter into them,
-    merged into plain modules (the shared projection's LoRA delta stays a separate low-rank term)."""
+def load_heads(heads: str | Path, lm_head_weight: Tensor, embed_weight: Tensor | None = None) -> MedusaHeads:
+    """Rebuild MedusaHeads on the target's lm_head (and input embedding, for recurrent heads) and
+    load a saved PEFT adapter into them (the shared projection's LoRA delta stays a separate
+    low-rank term)."""
     from peft import PeftModel
 
     path = resolve_heads_dir(heads)
     arch = json.loads((path / HEADS_CONFIG).read_text())
-    base = MedusaHeads(lm_head_weight, **arch)
+    base = MedusaHeads(lm_head_weight, embed_weight=embed_weight, **arch)
     peft_model = PeftModel.from_pretrained(base, str(path))
     peft_model.eval()
     return peft_model
@@ -199,6 +276,8 @@ class CompiledHeads:
     def __init__(self, model: nn.Module, rows: Tensor | None = None) -> None:
         base: MedusaHeads = model.get_base_model() if hasattr(model, "get_base_model") else model
         self.blocks = [self._active(b) for b in base.blocks]
+        self.inputs = [self._active(b) for b in base.inputs]  # recurrent heads' TokenBlocks ([] if none)
+        self.embed = base.embed_weight  # [V, H] the target's input embedding (recurrent heads)
         self.weights: list[Tensor] = []
         self.lora: list[tuple[Tensor, Tensor, float] | None] = []
         for proj in base.lm_heads:
@@ -213,10 +292,16 @@ class CompiledHeads:
             self.weights[0].detach()[rows].contiguous() if self.shared and rows is not None else None
         )
 
+    @property
+    def recurrent(self) -> bool:
+        """Whether head k reads the token drafted before it (module docstring)."""
+        return bool(self.inputs)
+
     def truncate(self, num_heads: int) -> None:
         """Use only the first num_heads heads."""
         self.blocks, self.weights, self.lora = (
             self.blocks[:num_heads], self.weights[:num_heads], self.lora[:num_heads])
+        self.inputs = self.inputs[:num_heads]
 
     @staticmethod
     def _active(module: nn.Module) -> nn.Module:
@@ -226,31 +311,47 @@ class CompiledHeads:
             return saved[next(iter(saved.keys()))]
         return module
 
-    def __call__(self, hidden: Tensor) -> Tensor:
-        """hidden [B, H] -> logits [B, K, M] over `rows` (or [B, K, V]); differentiable."""
-        h = torch.stack([blk(hidden) for blk in self.blocks], dim=1)  # [B, K, H]
-        rows = self.rows
+    def __call__(self, hidden: Tensor, tokens: Tensor | None = None) -> Tensor:
+        """hidden [B, H] (tokens [B, K] for recurrent heads: y_0 = the newest token, y_k = the
+        token before head k) -> logits [B, K, M] over `rows` (or [B, K, V]); differentiable."""
+        h = _head_states(self.blocks, self.inputs, self.embed, hidden, tokens)  # [B, K, H]
         if self.shared:
-            w = self._shared_rows if self._shared_rows is not None else self.weights[0].detach()
-            out = F.linear(h, w)  # [B, K, M] one matmul for every head
+            out = F.linear(h, self._projection(0))  # [B, K, M] one matmul for every head
         else:
-            out = torch.stack(
-                [F.linear(h[:, k], w if rows is None else w[rows]) for k, w in enumerate(self.weights)],
-                dim=1,
-            )
-        deltas = []
-        for k, factors in enumerate(self.lora):
-            if factors is None:
-                deltas.append(torch.zeros_like(out[:, k]))
-                continue
-            a, b, s = factors
-            deltas.append(s * F.linear(F.linear(h[:, k], a), b if rows is None else b[rows]))  # [B, M]
-        return out + torch.stack(deltas, dim=1)
+            out = torch.stack([F.linear(h[:, k], self._projection(k)) for k in range(len(self.blocks))], dim=1)
+        deltas = [self._delta(k, h[:, k]) for k in range(len(self.blocks))]
+        return out + torch.stack([torch.zeros_like(out[:, k]) if d is None else d for k, d in enumerate(deltas)], dim=1)
+
+    def _projection(self, k: int) -> Tensor:
+        """Head k's projection weight [M, H] (the shared one detached: it is the target's)."""
+        if self.shared:
+            return self._shared_rows if self._shared_rows is not None else self.weights[0].detach()
+        w = self.weights[k]
+        return w if self.rows is None else w[self.rows]
+
+    def _delta(self, k: int, h: Tensor) -> Tensor | None:
+        """Head k's LoRA delta [B, M] on its state h [B, H] (None without LoRA)."""
+        factors = self.lora[k]
+        if factors is None:
+            return None
+        a, b, s = factors
+        return s * F.linear(F.linear(h, a), b if self.rows is None else b[self.rows])
 
     @torch.inference_mode()
-    def logits(self, hidden: Tensor) -> Tensor:
-        """hidden [B, H] -> logits [B, K, M] (float32), no autograd."""
-        return self(hidden).float()
+    def step(self, k: int, state: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        """One recurrent head: state [P, H] (the previous head's, or the target's hidden state for
+        k = 0) and the token before head k [P] -> (head k's state [P, H], logits [P, M] float32)."""
+        if not self.recurrent:
+            raise ValueError("step() is for recurrent heads; call the heads on the hidden state instead.")
+        new = self.blocks[k](self.inputs[k](state, F.embedding(tokens, self.embed)))  # [P, H]
+        logits = F.linear(new, self._projection(k))  # [P, M]
+        delta = self._delta(k, new)
+        return new, (logits if delta is None else logits + delta).float()
+
+    @torch.inference_mode()
+    def logits(self, hidden: Tensor, tokens: Tensor | None = None) -> Tensor:
+        """hidden [B, H] (tokens [B, K] for recurrent heads) -> logits [B, K, M] (float32), no autograd."""
+        return self(hidden, tokens).float()
 
 
 class PackedHeads:
@@ -267,8 +368,8 @@ class PackedHeads:
     def __init__(self, compiled: CompiledHeads) -> None:
         from specdraft.fast_stack import PackedLinear
 
-        if not compiled.shared:
-            raise ValueError("PackedHeads needs heads that share the target's projection.")
+        if not compiled.shared or compiled.recurrent:
+            raise ValueError("PackedHeads needs independent heads that share the target's projection.")
         self.num_heads = len(compiled.blocks)
         depth = {len(list(b)) if isinstance(b, nn.Sequential) else -1 for b in compiled.blocks}
         if len(depth) != 1 or -1 in depth:
@@ -337,8 +438,9 @@ def _lora_factors(layer: nn.Module) -> tuple[Tensor, Tensor, float] | None:
 class MedusaDrafter:
     """Medusa drafter. `specdraft-generate drafter=medusa` (shipped heads for smollm2-135m).
 
-    heads: adapter directory written by specdraft-train-medusa, or a target alias with shipped
-        heads ("smollm2-135m"); None builds fresh heads (zero blocks, no LoRA: every head then
+    heads: adapter directory written by specdraft-train-medusa, or shipped heads: a target alias
+        ("smollm2-135m": its Medusa heads) or alias/name ("smollm2-135m/medusa_recurrent": the
+        recurrent heads, each told the token drafted before it); None builds fresh heads (zero blocks, no LoRA: every head then
         proposes the target's own next-token guess, useful only for tests).
     num_heads: use the first K heads (None = all that were trained; a fresh set has 3).
     tree: None for a chain, "auto" for the tree grown from the accuracies saved with the heads and
@@ -385,7 +487,7 @@ class MedusaDrafter:
         if self.heads_source is None:
             model: nn.Module = MedusaHeads(weight, num_heads=self.num_heads or 3)
         else:
-            model = load_heads(self.heads_source, weight)
+            model = load_heads(self.heads_source, weight, target.model.get_input_embeddings().weight)
         self.attach(model)
 
     def attach(self, model: nn.Module, rows: Tensor | None = None) -> None:
@@ -410,7 +512,8 @@ class MedusaDrafter:
             self.rows = PrunedVocab.load(heads_dir / VOCAB_FILE).ids.to(base.lm_heads[0].weight.device)
         self._compiled = CompiledHeads(model, self.rows)
         self._compiled.truncate(k)
-        self._packed = PackedHeads(self._compiled) if self._compiled.shared else None
+        use_packed = self._compiled.shared and not self._compiled.recurrent
+        self._packed = PackedHeads(self._compiled) if use_packed else None
         self._heads_dir = heads_dir
         self.paths = load_tree(self.tree_spec, heads_dir, max_depth=k, cost=self._tree_cost)
 
@@ -424,6 +527,8 @@ class MedusaDrafter:
         """hidden [B, H] -> logits [B, K, M] of the heads in use (M = len(rows) or V)."""
         if self._compiled is None:
             raise ValueError("MedusaDrafter is not bound to a target; call bind(target) first.")
+        if self._compiled.recurrent:
+            raise ValueError("recurrent heads depend on the drafted tokens: use propose().")
         if self._packed is not None:
             return self._packed(hidden)
         return self._compiled.logits(hidden)
@@ -436,6 +541,8 @@ class MedusaDrafter:
             return Draft(token_ids=empty)
         if hidden.shape[0] != 1:
             raise NotImplementedError("MedusaDrafter supports batch size 1.")
+        if self._compiled is not None and self._compiled.recurrent:
+            return self._propose_recurrent(ctx, hidden, num_tokens)
         logits = self.head_logits(hidden)  # [1, K, M]
         if self.paths:  # candidates = top-k ranks; verified losslessly at any temperature (specdraft.tree)
             return tree_draft(self.paths, logits[0], num_tokens, self.rows)
@@ -447,6 +554,35 @@ class MedusaDrafter:
         if self.rows is not None:  # q over the target's ids: zero outside the pruned vocabulary
             q = q.new_zeros(q.shape[:-1] + (self.model_vocab,)).index_copy_(-1, self.rows, q)
         return Draft(token_ids=tokens, probs=q)
+
+    def _propose_recurrent(self, ctx: DraftContext, hidden: Tensor, num_tokens: int) -> Draft:
+        """Recurrent heads: each head is told the token drafted before it (K sequential steps)."""
+        compiled = self._compiled
+        assert compiled is not None
+        newest = ctx.token_ids[:, -1]  # [1] y_0
+        if self.paths:  # a node's children come from its own path's head state
+            return path_tree_draft(self.paths, compiled.step, hidden, newest, num_tokens, self.rows)
+        state, token = hidden, newest
+        tokens, qs = [], []
+        for k in range(min(num_tokens, len(compiled.blocks))):
+            state, logits = compiled.step(k, state, token)  # [1, H], [1, M]
+            if ctx.sampling.greedy:
+                index = logits.argmax(dim=-1)  # [1]
+            else:
+                q = warp(logits, ctx.sampling)  # [1, M] q of this head given the draft before it
+                index = sample(q, ctx.generator).to(logits.device)
+                qs.append(q)
+            token = self._to_target(index)
+            tokens.append(token)
+        if not tokens:
+            return Draft(token_ids=ctx.token_ids.new_empty((1, 0)))
+        ids = torch.stack(tokens, dim=1)  # [1, K']
+        if ctx.sampling.greedy:
+            return Draft(token_ids=ids)
+        q = torch.stack(qs, dim=1)  # [1, K', M]
+        if self.rows is not None:  # q over the target's ids: zero outside the pruned vocabulary
+            q = q.new_zeros(q.shape[:-1] + (self.model_vocab,)).index_copy_(-1, self.rows, q)
+        return Draft(token_ids=ids, probs=q)
 
     @property
     def model_vocab(self) -> int:

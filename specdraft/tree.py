@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import heapq
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,6 +118,51 @@ def tree_draft(
     tokens = torch.stack([top[len(p) - 1, p[-1]] for p in use])[None]  # [1, N]
     parents = torch.tensor([tree_parents(use)], dtype=torch.long, device=head_logits.device)
     return Draft(token_ids=tokens, parents=parents)
+
+
+def path_tree_draft(
+    paths: Sequence[Path_],
+    step: Callable[[int, Tensor, Tensor], tuple[Tensor, Tensor]],
+    hidden: Tensor,
+    newest: Tensor,
+    num_tokens: int,
+    rows: Tensor | None = None,
+) -> Draft:
+    """A tree Draft from heads whose guesses depend on the path (recurrent Medusa heads).
+
+    step(k, states [P, H], tokens [P]) -> (states [P, H], logits [P, M]) runs head k on the
+    previous head's states and the tokens before it. The root is expanded from hidden [1, H] and
+    the newest token [1]; node (r_1..r_d) is the rank-r_d token of its parent's logits, and every
+    node with children is expanded with head d (all nodes of one depth in one batched step). The
+    first `num_tokens` paths whose depth the heads reach form the tree. rows: [M] target ids of the
+    logits' columns (None = the columns are the target's ids).
+    """
+    use = list(paths)[: max(num_tokens, 0)]  # depth <= the number of heads (load_tree checks)
+    if not use:
+        return Draft(token_ids=newest.new_empty((1, 0)))
+    parents = tree_parents(use)
+    depths = tree_depths(parents)
+    expand = set(parents)  # nodes (and -1, the root) whose children are drafted
+    states, logits = step(0, hidden, newest)  # root: [1, H], [1, M]
+    frontier = {-1: 0}  # expanded node -> row in (states, logits)
+    tokens = [0] * len(use)
+    for depth in range(1, max(depths) + 1):
+        level = [i for i, d in enumerate(depths) if d == depth]
+        width = max(use[i][-1] for i in level) + 1
+        top = logits.topk(min(width, logits.shape[-1]), dim=-1).indices  # [P, width]
+        if rows is not None:
+            top = rows[top]
+        for i in level:
+            tokens[i] = int(top[frontier[parents[i]], use[i][-1]])
+        grow = [i for i in level if i in expand]
+        if not grow:
+            break
+        rows_of = torch.tensor([frontier[parents[i]] for i in grow], device=states.device)
+        toks = torch.tensor([tokens[i] for i in grow], device=states.device)
+        states, logits = step(depth, states[rows_of], toks)  # [P', H], [P', M]
+        frontier = {i: j for j, i in enumerate(grow)}
+    ids = torch.tensor([tokens], dtype=torch.long, device=newest.device)  # [1, N]
+    return Draft(token_ids=ids, parents=torch.tensor([parents], dtype=torch.long, device=newest.device))
 
 
 def expected_accepted(

@@ -168,3 +168,134 @@ def test_shipped_heads_greedy_exact_on_default_target(default_target: TargetMode
     assert out.stats.rounds < 32
     if tree == "auto":  # sized for this target's measured verify-cost curve
         assert drafter._tree_cost is not None and drafter.paths
+
+
+# ------------------------------------------------------------------ recurrent (Hydra-style) heads
+def random_recurrent_heads(target: TargetModel, num_heads: int = 3, seed: int = 0, scale: float = 0.2):
+    """PEFT-wrapped recurrent heads (head k reads the token before it) with random trainable weights."""
+    embed = target.model.get_input_embeddings().weight
+    heads = MedusaHeads(target.lm_head.weight, num_heads=num_heads, num_layers=1, recurrent=True,
+                        embed_weight=embed)
+    model = build_peft_heads(heads, rank=4, alpha=8)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.copy_(torch.randn(p.shape, generator=gen) * scale)
+    return model.eval()
+
+
+def recurrent_drafter(target: TargetModel, tree=None, seed: int = 0, rows=None) -> MedusaDrafter:  # noqa: ANN001
+    drafter = MedusaDrafter(heads=None, tree=tree)
+    drafter.attach(random_recurrent_heads(target, seed=seed), rows=rows)
+    return drafter
+
+
+def test_recurrent_heads_need_the_embedding(tiny_target: TargetModel) -> None:
+    with pytest.raises(ValueError, match="embed_weight"):
+        MedusaHeads(tiny_target.lm_head.weight, recurrent=True)
+
+
+def test_fresh_recurrent_head_reproduces_lm_head_exactly(tiny_target: TargetModel) -> None:
+    embed = tiny_target.model.get_input_embeddings().weight
+    heads = MedusaHeads(tiny_target.lm_head.weight, num_heads=3, num_layers=1, recurrent=True, embed_weight=embed)
+    model = build_peft_heads(heads, rank=4, alpha=8)
+    hidden = torch.randn(5, tiny_target.hidden_size)  # [M, H]
+    tokens = torch.randint(tiny_target.vocab_size, (5, 3))  # [M, K]
+    with torch.no_grad():
+        logits = model(hidden, tokens)  # [M, K, V]
+        expected = tiny_target.lm_head(hidden)  # [M, V]
+    for k in range(3):
+        assert torch.equal(logits[:, k], expected)
+    # the trained parts are the blocks, the token blocks and the LoRA factors, never the target's
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert any(".inputs." in n for n in trained) and not any("embed" in n for n in trained)
+
+
+def test_recurrent_steps_match_the_teacher_forced_forward(tiny_target: TargetModel) -> None:
+    """Stepping head by head on the drafted tokens equals the batched teacher-forced forward that
+    training uses; a head's logits change with the token before it (it is conditioned on it)."""
+    from drafters.medusa import CompiledHeads
+
+    model = random_recurrent_heads(tiny_target, seed=5)
+    compiled = CompiledHeads(model)
+    hidden = torch.randn(4, tiny_target.hidden_size)
+    tokens = torch.randint(tiny_target.vocab_size, (4, 3))
+    with torch.no_grad():
+        forward = model(hidden, tokens)  # [4, K, V]
+    state = hidden
+    for k in range(3):
+        state, logits = compiled.step(k, state, tokens[:, k])
+        assert torch.allclose(logits, forward[:, k], atol=1e-5)
+    _, other = compiled.step(0, hidden, (tokens[:, 0] + 1) % tiny_target.vocab_size)
+    assert not torch.allclose(other, forward[:, 0])
+    with pytest.raises(ValueError, match="tokens"):
+        model(hidden)
+
+
+@pytest.mark.parametrize("tree", [None, TREE])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_recurrent_greedy_equals_plain_greedy(tree, seed: int) -> None:  # noqa: ANN001
+    from specdraft.models import tiny_random_target
+
+    target = tiny_random_target(vocab_size=16, seed=seed + 20)
+    rows = torch.arange(0, 16, 2)  # seed 1: a pruned vocabulary of the even ids
+    drafter = recurrent_drafter(target, tree=tree, seed=seed, rows=rows if seed == 1 else None)
+    dec = SpeculativeDecoder(target, drafter, num_draft_tokens=len(TREE) if tree else 3)
+    prompt = [1, 5, 3, 7][: 1 + seed]
+    out = dec.generate(prompt, max_new_tokens=40, stop_token_ids=[])
+    assert out.token_ids[0].tolist() == plain_greedy(target, prompt, 40)
+    assert out.stats.rounds < 40  # some draft tokens were accepted
+
+
+def test_recurrent_tree_children_follow_their_parent(tiny_target: TargetModel) -> None:
+    """A tree node's children are its own path's head guesses: (0, 0) is head 2's best guess after
+    head 1's best token, (1, 0) its best guess after head 1's second token."""
+    drafter = recurrent_drafter(tiny_target, tree=[[0], [1], [0, 0], [1, 0]], seed=6)
+    compiled = drafter._compiled
+    hidden = torch.randn(1, tiny_target.hidden_size)
+    ctx = DraftContext(torch.tensor([[4]]), hidden, SamplingConfig(), torch.Generator())
+    draft = drafter.propose(ctx, 4)
+    assert draft.parents[0].tolist() == [-1, -1, 0, 1]
+    state, logits = compiled.step(0, hidden, torch.tensor([4]))
+    first, second = logits[0].topk(2).indices.tolist()
+    toks = draft.token_ids[0].tolist()
+    assert toks[:2] == [first, second]
+    for node, parent_token in ((2, first), (3, second)):
+        _, child = compiled.step(1, state, torch.tensor([parent_token]))
+        assert toks[node] == int(child[0].argmax())
+
+
+@pytest.mark.parametrize("pruned", [False, True])
+def test_recurrent_chain_is_lossless_at_temperature_one(tiny_target: TargetModel, pruned: bool) -> None:
+    sampling = SamplingConfig(temperature=1.0)
+    rows = torch.tensor([0, 2, 3, 5, 7, 8, 9, 11, 12, 14]) if pruned else None
+    drafter = recurrent_drafter(tiny_target, seed=3, rows=rows)
+    dec = SpeculativeDecoder(tiny_target, drafter, num_draft_tokens=2, sampling=sampling)
+    prompt = [2, 9]
+    counts = sample_two_tokens(dec, prompt, n=1200, vocab=tiny_target.vocab_size)
+    exact = exact_two_token_distribution(tiny_target, prompt, sampling)
+    assert pooled_chisquare(counts, exact) > 1e-4
+
+
+def test_recurrent_tree_is_lossless_when_sampling(tiny_target: TargetModel) -> None:
+    sampling = SamplingConfig(temperature=1.0)
+    drafter = recurrent_drafter(tiny_target, tree=TREE, seed=4)
+    dec = SpeculativeDecoder(tiny_target, drafter, num_draft_tokens=len(TREE), sampling=sampling)
+    prompt = [2, 9]
+    counts = sample_two_tokens(dec, prompt, n=1500, vocab=tiny_target.vocab_size)
+    assert pooled_chisquare(counts, exact_two_token_distribution(tiny_target, prompt, sampling)) > 1e-4
+
+
+def test_recurrent_chain_test_catches_a_q_that_is_not_the_drafts_law(tiny_target: TargetModel,
+                                                                       monkeypatch) -> None:  # noqa: ANN001
+    """Negative control: drafting each head's argmax while reporting its full distribution as q
+    (q no longer the law the tokens were drawn from) must fail the same test."""
+    import drafters.medusa
+
+    monkeypatch.setattr(drafters.medusa, "sample", lambda q, generator: q.argmax(dim=-1))
+    sampling = SamplingConfig(temperature=1.0)
+    drafter = recurrent_drafter(tiny_target, seed=3)
+    dec = SpeculativeDecoder(tiny_target, drafter, num_draft_tokens=2, sampling=sampling)
+    counts = sample_two_tokens(dec, [2, 9], n=1200, vocab=tiny_target.vocab_size)
+    assert pooled_chisquare(counts, exact_two_token_distribution(tiny_target, [2, 9], sampling)) < 1e-6

@@ -126,3 +126,42 @@ def test_pruned_vocab_training_and_drafter(tmp_path: Path) -> None:
     outside = torch.ones(16, dtype=torch.bool)
     outside[vocab.ids] = False
     assert draft.probs[..., outside].sum() == 0
+
+
+def test_recurrent_heads_train_save_in_float16_and_draft(tmp_path: Path) -> None:
+    """recurrent=true: every head's loss goes down with teacher-forced path tokens, the adapter is
+    stored in float16 (half the bytes) and reloads to the same logits up to that rounding, and the
+    drafter proposes from it; export refuses it (no engine has this architecture)."""
+    from specdraft.train.export_medusa import export
+
+    torch.set_num_threads(1)
+    target = tiny_random_target(vocab_size=16, seed=1, hidden_size=32)
+    cfg = tiny_cfg(tmp_path)
+    cfg.recurrent, cfg.num_layers = True, 1
+    data = precompute(target, greedy_sequences(target, 24, 30), Path(cfg.cache_dir), "tiny", 200)
+    assert torch.equal(data.path_tokens(torch.tensor([0]), 3)[0], data.ids[1:4])
+    model, log = train(cfg, target, data, {}, Path(cfg.cache_dir) / "ck.pt")
+    first = torch.tensor(log["loss_history_every_50"][0][1:])
+    with torch.no_grad():
+        final = head_losses(CompiledHeads(model), data, data.inputs(3)[:256], "ce")
+    assert (final < first).all(), (first, final)
+    out = tmp_path / "heads"
+    save_heads(model, out, {"command": "test"}, dtype=torch.float16)
+    from safetensors.torch import load_file
+
+    stored = load_file(out / "adapter_model.safetensors")
+    assert {v.dtype for v in stored.values()} == {torch.float16}
+    assert any(".inputs." in k for k in stored)
+    embed = target.model.get_input_embeddings().weight
+    reloaded = load_heads(out, target.lm_head.weight, embed)
+    hidden, tokens = data.hidden[:20], data.path_tokens(torch.arange(20), 3)
+    with torch.no_grad():
+        assert torch.allclose(reloaded(hidden, tokens), model(hidden, tokens), atol=1e-2)
+    with pytest.raises(ValueError, match="embed"):
+        load_heads(out, target.lm_head.weight)
+    drafter = MedusaDrafter(heads=str(out))
+    drafter.bind(target)
+    ctx = DraftContext(torch.tensor([[1, 2]]), hidden[:1], SamplingConfig(), torch.Generator())
+    assert drafter.propose(ctx, 3).num_tokens == 3
+    with pytest.raises(ValueError, match="recurrent"):
+        export(model, tmp_path / "vllm")

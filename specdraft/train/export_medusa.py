@@ -55,6 +55,12 @@ def _linear_weights(linear: nn.Module) -> tuple[Tensor, Tensor]:
 def merged_heads(model: nn.Module) -> tuple[list[list[tuple[Tensor, Tensor]]], list[Tensor]]:
     """Per head: the ResBlocks' (weight, bias) and the merged projection [V, H]."""
     compiled = CompiledHeads(model)
+    if compiled.recurrent:
+        raise ValueError(
+            "these are recurrent heads (each reads the token drafted before it): neither vLLM's "
+            "Medusa loader nor FasterDecoding/Medusa has that architecture. Export heads trained "
+            "with recurrent=false (the shipped 'smollm2-135m' heads)."
+        )
     blocks = [[_linear_weights(res.linear) for res in head] for head in compiled.blocks]
     projections = []
     for w, factors in zip(compiled.weights, compiled.lora):
@@ -121,8 +127,9 @@ def main() -> None:
     args = ap.parse_args()
     from specdraft.models import load_model
 
-    lm_head = load_model(args.target, device="cpu").get_output_embeddings()
-    model = load_heads(args.heads, lm_head.weight)
+    source = load_model(args.target, device="cpu")
+    model = load_heads(args.heads, source.get_output_embeddings().weight,
+                       source.get_input_embeddings().weight)
     base = HUB_IDS.get(args.target, args.target)
     path = export(model, args.out, args.format, getattr(torch, args.dtype), base_model=base)
     print(f"wrote {args.format} Medusa heads to {path}")

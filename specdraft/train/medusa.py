@@ -8,6 +8,10 @@ choice two-plus-k positions ahead, a_{t+k+1} (h_t itself produced x_{t+1}):
     loss = sum_k decay^k * CE(head_k(h_t), a_{t+k+1})            (loss=ce, default)
     loss = sum_k decay^k * KL(softmax(lm_head(h_{t+k+1})) || head_k(h_t))   (loss=kl)
 
+recurrent=true trains Hydra-style heads (drafters/medusa.py): head k also reads the tokens before
+it, teacher-forced with the sequence's own tokens y_k = x_{t+k+1} (on the target's greedy
+generations these are its choices a_{t+k}, exactly what an accepted draft prefix holds).
+
 Data: the target's own greedy generations (`specdraft.train.selfgen`, completion positions only) and
 blocks of the offline stdlib corpus; each has a held-out split on which per-head top-1 / top-5
 agreement with the target is reported. PEFT: `modules_to_save` for the blocks, LoRA for the shared
@@ -53,12 +57,14 @@ class HiddenSet:
     choice: [N] int64 target's greedy next token a_t = argmax lm_head(h_t).
     end: [N] int64 end (exclusive) of the sequence that position t belongs to.
     use: [N] bool whether position t is a training/eval input (e.g. completion positions only).
+    ids: [N] int64 the token at every position (x_t; recurrent heads read x_{t+1..t+K}).
     """
 
     hidden: Tensor
     choice: Tensor
     end: Tensor
     use: Tensor
+    ids: Tensor
 
     def labels(self, idx: Tensor, num_heads: int) -> Tensor:
         """Targets [M, K] for head k at positions idx [M]: a_{t+k+1}, or -1 past the sequence end."""
@@ -67,6 +73,12 @@ class HiddenSet:
         valid = pos < self.end[idx][:, None]
         safe = pos.clamp(max=len(self.choice) - 1)
         return torch.where(valid, self.choice[safe], torch.full_like(safe, -1))
+
+    def path_tokens(self, idx: Tensor, num_heads: int) -> Tensor:
+        """Recurrent heads' inputs [M, K] at positions idx [M]: y_k = x_{t+k+1}, the token after
+        which head k guesses a_{t+k+1} (teacher forcing; past the sequence end the label is -1)."""
+        pos = idx[:, None] + torch.arange(1, num_heads + 1)[None]  # [M, K]
+        return self.ids[pos.clamp(max=len(self.ids) - 1)]
 
     def inputs(self, num_heads: int) -> Tensor:
         """Positions usable as inputs: marked `use` and with a label for head 0."""
@@ -110,6 +122,7 @@ def precompute(
         choice=torch.cat([p["choice"] for p in parts]).long(),
         end=torch.cat(_ends(parts)),
         use=torch.cat([p["use"] for p in parts]),
+        ids=torch.cat([ids.long().cpu() for ids, _ in sequences]),
     )
 
 
@@ -171,7 +184,8 @@ def head_losses(heads: CompiledHeads, data: HiddenSet, idx: Tensor, loss: str) -
     """Per-head mean loss [K] on positions idx [M] (over heads.rows when the vocab is pruned)."""
     num_heads = len(heads.blocks)
     labels = _subset(data.labels(idx, num_heads), heads.rows)  # [M, K]
-    logits = heads(data.hidden[idx])  # [M, K, V']
+    tokens = data.path_tokens(idx, num_heads) if heads.recurrent else None  # [M, K]
+    logits = heads(data.hidden[idx], tokens)  # [M, K, V']
     out = []
     for k in range(num_heads):
         lk = logits[:, k].float()  # [M, V']
@@ -215,7 +229,8 @@ def evaluate(model: torch.nn.Module, data: HiddenSet, num_heads: int, max_positi
         b = idx[s : s + batch]
         target_ids = data.labels(b, num_heads)  # [M, K]
         labels = _subset(target_ids, rows)
-        top = heads(data.hidden[b]).topk(TOPK_STATS, dim=-1).indices  # [M, K, 10]
+        tokens = data.path_tokens(b, num_heads) if heads.recurrent else None  # [M, K]
+        top = heads(data.hidden[b], tokens).topk(TOPK_STATS, dim=-1).indices  # [M, K, 10]
         match = (top == labels[..., None]) & (labels[..., None] >= 0)  # [M, K, 10]
         hits += match.float().sum(0)
         counts += (target_ids >= 0).float().sum(0)
@@ -243,7 +258,10 @@ def train(cfg: DictConfig, target: TargetModel, train_set: HiddenSet,
     rows: pruned vocabulary [M] the heads project onto (None = the whole vocabulary).
     """
     torch.manual_seed(cfg.seed)
-    heads = MedusaHeads(target.lm_head.weight, cfg.num_heads, cfg.num_layers, cfg.full_projection)
+    recurrent = bool(cfg.get("recurrent", False))
+    embed = target.model.get_input_embeddings().weight if recurrent else None
+    heads = MedusaHeads(target.lm_head.weight, cfg.num_heads, cfg.num_layers, cfg.full_projection,
+                        recurrent=recurrent, embed_weight=embed)
     model = build_peft_heads(heads, cfg.lora_rank, cfg.lora_alpha)
     fast = CompiledHeads(model, rows)  # the same parameters, projected onto `rows` only
     params = [p for p in model.parameters() if p.requires_grad]
@@ -340,6 +358,7 @@ def concat(sets: Sequence[HiddenSet]) -> HiddenSet:
         choice=torch.cat([s.choice for s in sets]),
         end=torch.cat(ends),
         use=torch.cat([s.use for s in sets]),
+        ids=torch.cat([s.ids for s in sets]),
     )
 
 
@@ -380,7 +399,7 @@ def run(cfg: DictConfig, target: TargetModel) -> dict:
         "wall_seconds": round(time.time() - t_start, 1),
         **log,
     }
-    save_heads(model, out_dir, provenance)
+    save_heads(model, out_dir, provenance, dtype=getattr(torch, cfg.get("save_dtype", "float32")))
     (out_dir / "accuracy.json").write_text(json.dumps(accuracy_file(results)) + "\n")
     print(f"[medusa] saved {out_dir}", flush=True)
     return results
