@@ -34,7 +34,7 @@ plain lists of top-k rank paths) verified in one forward with a tree mask: greed
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -228,7 +228,8 @@ def save_heads(peft_model, out_dir: str | Path, provenance: dict,  # noqa: ANN00
     (out / "provenance.json").write_text(json.dumps(provenance, indent=2) + "\n")
     (out / "README.md").write_text(  # replaces PEFT's generic model card
         "# Medusa heads (PEFT adapter)\n\nLoad with `drafters.medusa.MedusaDrafter(heads=<this dir>)` "
-        "or `load_heads(<this dir>, target.lm_head.weight)`; made by "
+        "or `load_heads(<this dir>, target.lm_head.weight, target.model.get_input_embeddings().weight)`; "
+        "made by "
         f"`{provenance.get('command', 'specdraft-train-medusa')}` (details in provenance.json).\n"
     )
 
@@ -319,8 +320,9 @@ class CompiledHeads:
             out = F.linear(h, self._projection(0))  # [B, K, M] one matmul for every head
         else:
             out = torch.stack([F.linear(h[:, k], self._projection(k)) for k in range(len(self.blocks))], dim=1)
-        deltas = [self._delta(k, h[:, k]) for k in range(len(self.blocks))]
-        return out + torch.stack([torch.zeros_like(out[:, k]) if d is None else d for k, d in enumerate(deltas)], dim=1)
+        deltas = [self._delta(k, h[:, k]) for k in range(len(self.blocks))]  # K x [B, M] or None
+        zero = torch.zeros_like(out[:, 0])
+        return out + torch.stack([zero if d is None else d for d in deltas], dim=1)
 
     def _projection(self, k: int) -> Tensor:
         """Head k's projection weight [M, H] (the shared one detached: it is the target's)."""
@@ -422,6 +424,50 @@ class PackedHeads:
         return h
 
 
+class PackedRecurrentHeads:
+    """Inference form of recurrent CompiledHeads with a shared projection: frozen copies in the
+    few-row layout (`specdraft.fast_stack.PackedLinear`), the projection restricted to the pruned
+    rows and packed once for all heads, each head's LoRA factors pre-gathered and pre-scaled.
+
+    Recurrent heads run one head at a time (K sequential steps), so the shared projection is
+    streamed once per step: packing it is most of the drafting cost (measured here, one 8192-row
+    step: 1.8 ms unpacked, see benchmarks/RESULTS.md §3h). Same sums as CompiledHeads.step, up to
+    float rounding. Frozen: re-attach after changing the heads.
+    """
+
+    def __init__(self, compiled: CompiledHeads) -> None:
+        from specdraft.fast_stack import PackedLinear
+
+        if not compiled.shared or not compiled.recurrent:
+            raise ValueError("PackedRecurrentHeads needs recurrent heads that share the target's projection.")
+        self.embed = compiled.embed  # [V, H]
+        self.inputs = [PackedLinear(blk.linear.weight, blk.linear.bias) for blk in compiled.inputs]  # [H, 2H]
+        self.rest = [[PackedLinear(res.linear.weight, res.linear.bias) for res in head] for head in compiled.blocks]
+        self.proj = PackedLinear(compiled._projection(0), None)  # [M, H], shared by every head
+        rows = compiled.rows
+        self.lora: list[tuple[Tensor, Tensor] | None] = []
+        for factors in compiled.lora:
+            if factors is None:
+                self.lora.append(None)
+                continue
+            a, b, scale = factors
+            b = b.detach() if rows is None else b.detach()[rows]  # [M, r]
+            self.lora.append((a.detach(), (scale * b).contiguous()))
+
+    def step(self, k: int, state: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        """Same contract as CompiledHeads.step: (state [P, H], tokens [P]) -> (state, logits [P, M])."""
+        embedded = F.embedding(tokens, self.embed)  # [P, H]
+        x = state + F.silu(self.inputs[k](torch.cat([state, embedded], dim=-1)))  # [P, H]
+        for lin in self.rest[k]:
+            x = x + F.silu(lin(x))
+        logits = self.proj(x)  # [P, M]
+        factors = self.lora[k]
+        if factors is not None:
+            a, sb = factors
+            logits = logits + F.linear(F.linear(x, a), sb)
+        return x, logits.float()
+
+
 def _lora_factors(layer: nn.Module) -> tuple[Tensor, Tensor, float] | None:
     """(A [r, H], B [V, r], scaling) of a PEFT LoRA Linear's active adapter, or None."""
     lora_a = getattr(layer, "lora_A", None)
@@ -440,8 +486,8 @@ class MedusaDrafter:
 
     heads: adapter directory written by specdraft-train-medusa, or shipped heads: a target alias
         ("smollm2-135m": its Medusa heads) or alias/name ("smollm2-135m/medusa_recurrent": the
-        recurrent heads, each told the token drafted before it); None builds fresh heads (zero blocks, no LoRA: every head then
-        proposes the target's own next-token guess, useful only for tests).
+        recurrent heads, each told the token drafted before it); None builds fresh heads (zero
+        blocks, no LoRA: every head then proposes the target's own next-token guess, for tests).
     num_heads: use the first K heads (None = all that were trained; a fresh set has 3).
     tree: None for a chain, "auto" for the tree grown from the accuracies saved with the heads and
         sized for the target's measured verify-cost curve, an int N for that tree with exactly N
@@ -469,6 +515,7 @@ class MedusaDrafter:
         self.model: nn.Module | None = None
         self._compiled: CompiledHeads | None = None
         self._packed: PackedHeads | None = None  # the fast inference form (shared projection)
+        self._step: Callable[[int, Tensor, Tensor], tuple[Tensor, Tensor]] | None = None  # recurrent
         self.paths: list[tuple[int, ...]] | None = None
         self._heads_dir: Path | None = None
         self._tree_cost: dict[int, float] | None = None  # {positions: T(n)/T(1)} of the bound target
@@ -514,6 +561,9 @@ class MedusaDrafter:
         self._compiled.truncate(k)
         use_packed = self._compiled.shared and not self._compiled.recurrent
         self._packed = PackedHeads(self._compiled) if use_packed else None
+        self._step = self._compiled.step  # recurrent heads: one head at a time
+        if self._compiled.shared and self._compiled.recurrent:
+            self._step = PackedRecurrentHeads(self._compiled).step
         self._heads_dir = heads_dir
         self.paths = load_tree(self.tree_spec, heads_dir, max_depth=k, cost=self._tree_cost)
 
@@ -558,14 +608,14 @@ class MedusaDrafter:
     def _propose_recurrent(self, ctx: DraftContext, hidden: Tensor, num_tokens: int) -> Draft:
         """Recurrent heads: each head is told the token drafted before it (K sequential steps)."""
         compiled = self._compiled
-        assert compiled is not None
+        assert compiled is not None and self._step is not None
         newest = ctx.token_ids[:, -1]  # [1] y_0
         if self.paths:  # a node's children come from its own path's head state
-            return path_tree_draft(self.paths, compiled.step, hidden, newest, num_tokens, self.rows)
+            return path_tree_draft(self.paths, self._step, hidden, newest, num_tokens, self.rows)
         state, token = hidden, newest
         tokens, qs = [], []
         for k in range(min(num_tokens, len(compiled.blocks))):
-            state, logits = compiled.step(k, state, token)  # [1, H], [1, M]
+            state, logits = self._step(k, state, token)  # [1, H], [1, M]
             if ctx.sampling.greedy:
                 index = logits.argmax(dim=-1)  # [1]
             else:

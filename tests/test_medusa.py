@@ -152,9 +152,10 @@ def test_tree_sampling_test_catches_a_broken_residual(tiny_target: TargetModel, 
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("heads", ["smollm2-135m", "smollm2-135m/medusa_recurrent"])
 @pytest.mark.parametrize("tree", [None, "auto"])
-def test_shipped_heads_greedy_exact_on_default_target(default_target: TargetModel, tree) -> None:  # noqa: ANN001
-    drafter = MedusaDrafter(heads="smollm2-135m", tree=tree)
+def test_shipped_heads_greedy_exact_on_default_target(default_target: TargetModel, tree, heads: str) -> None:  # noqa: ANN001
+    drafter = MedusaDrafter(heads=heads, tree=tree)
     dec = SpeculativeDecoder(default_target, drafter, num_draft_tokens=16 if tree else 3)
     tok = default_target.tokenizer
     prompt = tok.apply_chat_template(
@@ -215,7 +216,7 @@ def test_fresh_recurrent_head_reproduces_lm_head_exactly(tiny_target: TargetMode
 def test_recurrent_steps_match_the_teacher_forced_forward(tiny_target: TargetModel) -> None:
     """Stepping head by head on the drafted tokens equals the batched teacher-forced forward that
     training uses; a head's logits change with the token before it (it is conditioned on it)."""
-    from drafters.medusa import CompiledHeads
+    from drafters.medusa import CompiledHeads, PackedRecurrentHeads
 
     model = random_recurrent_heads(tiny_target, seed=5)
     compiled = CompiledHeads(model)
@@ -227,6 +228,11 @@ def test_recurrent_steps_match_the_teacher_forced_forward(tiny_target: TargetMod
     for k in range(3):
         state, logits = compiled.step(k, state, tokens[:, k])
         assert torch.allclose(logits, forward[:, k], atol=1e-5)
+    packed = PackedRecurrentHeads(compiled)  # the drafter's inference form: same sums, packed
+    state = hidden
+    for k in range(3):
+        state, logits = packed.step(k, state, tokens[:, k])
+        assert torch.allclose(logits, forward[:, k], atol=1e-4)
     _, other = compiled.step(0, hidden, (tokens[:, 0] + 1) % tiny_target.vocab_size)
     assert not torch.allclose(other, forward[:, 0])
     with pytest.raises(ValueError, match="tokens"):
