@@ -21,9 +21,13 @@ from tests.helpers import (
 TREE = [[0], [1], [0, 0], [2], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1]]
 
 
-def random_heads(target: TargetModel, num_heads: int = 3, seed: int = 0, scale: float = 0.2):
-    """PEFT-wrapped heads with every trainable weight (blocks, LoRA A and B) random."""
-    heads = MedusaHeads(target.lm_head.weight, num_heads=num_heads, num_layers=1)
+def random_heads(target: TargetModel, num_heads: int = 3, seed: int = 0, scale: float = 0.2,
+                 recurrent: bool = False):
+    """PEFT-wrapped heads with every trainable weight (blocks, token blocks, LoRA A and B) random;
+    recurrent: head k also reads the token before it."""
+    embed = target.model.get_input_embeddings().weight if recurrent else None
+    heads = MedusaHeads(target.lm_head.weight, num_heads=num_heads, num_layers=1, recurrent=recurrent,
+                        embed_weight=embed)
     model = build_peft_heads(heads, rank=4, alpha=8)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -33,9 +37,10 @@ def random_heads(target: TargetModel, num_heads: int = 3, seed: int = 0, scale: 
     return model.eval()
 
 
-def drafter_with(target: TargetModel, tree=None, seed: int = 0, rows=None) -> MedusaDrafter:  # noqa: ANN001
+def drafter_with(target: TargetModel, tree=None, seed: int = 0, rows=None,  # noqa: ANN001
+                 recurrent: bool = False) -> MedusaDrafter:
     drafter = MedusaDrafter(heads=None, tree=tree)
-    drafter.attach(random_heads(target, seed=seed), rows=rows)
+    drafter.attach(random_heads(target, seed=seed, recurrent=recurrent), rows=rows)
     return drafter
 
 
@@ -92,12 +97,14 @@ def test_sampled_proposal_returns_q(tiny_target: TargetModel) -> None:
 
 @pytest.mark.parametrize("tree", [None, TREE])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_greedy_equals_plain_greedy(tree, seed: int) -> None:  # noqa: ANN001
+@pytest.mark.parametrize("recurrent", [False, True], ids=["plain", "recurrent"])
+def test_greedy_equals_plain_greedy(tree, seed: int, recurrent: bool) -> None:  # noqa: ANN001
     from specdraft.models import tiny_random_target
 
-    target = tiny_random_target(vocab_size=16, seed=seed + 10)
-    rows = torch.arange(0, 16, 1 + seed % 2)  # seed 1: a pruned vocabulary of the even ids
-    drafter = drafter_with(target, tree=tree, seed=seed, rows=rows if seed == 1 else None)
+    target = tiny_random_target(vocab_size=16, seed=seed + (20 if recurrent else 10))
+    rows = torch.arange(0, 16, 2)  # seed 1: a pruned vocabulary of the even ids
+    drafter = drafter_with(target, tree=tree, seed=seed, rows=rows if seed == 1 else None,
+                           recurrent=recurrent)
     dec = SpeculativeDecoder(target, drafter, num_draft_tokens=len(TREE) if tree else 3)
     prompt = [1, 5, 3, 7][: 1 + seed]
     out = dec.generate(prompt, max_new_tokens=40, stop_token_ids=[])
@@ -106,11 +113,11 @@ def test_greedy_equals_plain_greedy(tree, seed: int) -> None:  # noqa: ANN001
 
 
 @pytest.mark.parametrize("pruned", [False, True])
-def test_chain_is_lossless_at_temperature_one(tiny_target: TargetModel, pruned: bool) -> None:
+@pytest.mark.parametrize("recurrent", [False, True], ids=["plain", "recurrent"])
+def test_chain_is_lossless_at_temperature_one(tiny_target: TargetModel, pruned: bool, recurrent: bool) -> None:
     sampling = SamplingConfig(temperature=1.0)
-    drafter = MedusaDrafter(heads=None)
     rows = torch.tensor([0, 2, 3, 5, 7, 8, 9, 11, 12, 14]) if pruned else None
-    drafter.attach(random_heads(tiny_target, seed=3), rows=rows)
+    drafter = drafter_with(tiny_target, seed=3, rows=rows, recurrent=recurrent)
     dec = SpeculativeDecoder(tiny_target, drafter, num_draft_tokens=2, sampling=sampling)
     prompt = [2, 9]
     counts = sample_two_tokens(dec, prompt, n=1200, vocab=tiny_target.vocab_size)
@@ -127,9 +134,9 @@ def test_tree_is_proposed_at_any_temperature(tiny_target: TargetModel) -> None:
         assert tree.parents is not None and tree.num_tokens == 5
 
 
-def tree_two_token_pvalue(target: TargetModel, sampling: SamplingConfig) -> float:
+def tree_two_token_pvalue(target: TargetModel, sampling: SamplingConfig, recurrent: bool = False) -> float:
     """Chi-square p-value of the first two tokens of tree-drafted sampling vs the target's law."""
-    drafter = drafter_with(target, tree=TREE, seed=4)
+    drafter = drafter_with(target, tree=TREE, seed=4, recurrent=recurrent)
     dec = SpeculativeDecoder(target, drafter, num_draft_tokens=len(TREE), sampling=sampling)
     prompt = [2, 9]
     counts = sample_two_tokens(dec, prompt, n=1500, vocab=target.vocab_size)
@@ -138,8 +145,9 @@ def tree_two_token_pvalue(target: TargetModel, sampling: SamplingConfig) -> floa
 
 @pytest.mark.parametrize("sampling", [SamplingConfig(temperature=1.0),
                                       SamplingConfig(temperature=0.8, top_p=0.9)], ids=["t1", "top_p"])
-def test_tree_is_lossless_when_sampling(tiny_target: TargetModel, sampling: SamplingConfig) -> None:
-    assert tree_two_token_pvalue(tiny_target, sampling) > 1e-4
+@pytest.mark.parametrize("recurrent", [False, True], ids=["plain", "recurrent"])
+def test_tree_is_lossless_when_sampling(tiny_target: TargetModel, sampling: SamplingConfig, recurrent: bool) -> None:
+    assert tree_two_token_pvalue(tiny_target, sampling, recurrent) > 1e-4
 
 
 def test_tree_sampling_test_catches_a_broken_residual(tiny_target: TargetModel, monkeypatch) -> None:  # noqa: ANN001
@@ -172,24 +180,12 @@ def test_shipped_heads_greedy_exact_on_default_target(default_target: TargetMode
 
 
 # ------------------------------------------------------------------ recurrent (Hydra-style) heads
-def random_recurrent_heads(target: TargetModel, num_heads: int = 3, seed: int = 0, scale: float = 0.2):
-    """PEFT-wrapped recurrent heads (head k reads the token before it) with random trainable weights."""
-    embed = target.model.get_input_embeddings().weight
-    heads = MedusaHeads(target.lm_head.weight, num_heads=num_heads, num_layers=1, recurrent=True,
-                        embed_weight=embed)
-    model = build_peft_heads(heads, rank=4, alpha=8)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.requires_grad:
-                p.copy_(torch.randn(p.shape, generator=gen) * scale)
-    return model.eval()
+def random_recurrent_heads(target: TargetModel, seed: int = 0):  # noqa: ANN201
+    return random_heads(target, seed=seed, recurrent=True)
 
 
 def recurrent_drafter(target: TargetModel, tree=None, seed: int = 0, rows=None) -> MedusaDrafter:  # noqa: ANN001
-    drafter = MedusaDrafter(heads=None, tree=tree)
-    drafter.attach(random_recurrent_heads(target, seed=seed), rows=rows)
-    return drafter
+    return drafter_with(target, tree=tree, seed=seed, rows=rows, recurrent=True)
 
 
 def test_recurrent_heads_need_the_embedding(tiny_target: TargetModel) -> None:
@@ -239,21 +235,6 @@ def test_recurrent_steps_match_the_teacher_forced_forward(tiny_target: TargetMod
         model(hidden)
 
 
-@pytest.mark.parametrize("tree", [None, TREE])
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_recurrent_greedy_equals_plain_greedy(tree, seed: int) -> None:  # noqa: ANN001
-    from specdraft.models import tiny_random_target
-
-    target = tiny_random_target(vocab_size=16, seed=seed + 20)
-    rows = torch.arange(0, 16, 2)  # seed 1: a pruned vocabulary of the even ids
-    drafter = recurrent_drafter(target, tree=tree, seed=seed, rows=rows if seed == 1 else None)
-    dec = SpeculativeDecoder(target, drafter, num_draft_tokens=len(TREE) if tree else 3)
-    prompt = [1, 5, 3, 7][: 1 + seed]
-    out = dec.generate(prompt, max_new_tokens=40, stop_token_ids=[])
-    assert out.token_ids[0].tolist() == plain_greedy(target, prompt, 40)
-    assert out.stats.rounds < 40  # some draft tokens were accepted
-
-
 def test_recurrent_tree_children_follow_their_parent(tiny_target: TargetModel) -> None:
     """A tree node's children are its own path's head guesses: (0, 0) is head 2's best guess after
     head 1's best token, (1, 0) its best guess after head 1's second token."""
@@ -270,27 +251,6 @@ def test_recurrent_tree_children_follow_their_parent(tiny_target: TargetModel) -
     for node, parent_token in ((2, first), (3, second)):
         _, child = compiled.step(1, state, torch.tensor([parent_token]))
         assert toks[node] == int(child[0].argmax())
-
-
-@pytest.mark.parametrize("pruned", [False, True])
-def test_recurrent_chain_is_lossless_at_temperature_one(tiny_target: TargetModel, pruned: bool) -> None:
-    sampling = SamplingConfig(temperature=1.0)
-    rows = torch.tensor([0, 2, 3, 5, 7, 8, 9, 11, 12, 14]) if pruned else None
-    drafter = recurrent_drafter(tiny_target, seed=3, rows=rows)
-    dec = SpeculativeDecoder(tiny_target, drafter, num_draft_tokens=2, sampling=sampling)
-    prompt = [2, 9]
-    counts = sample_two_tokens(dec, prompt, n=1200, vocab=tiny_target.vocab_size)
-    exact = exact_two_token_distribution(tiny_target, prompt, sampling)
-    assert pooled_chisquare(counts, exact) > 1e-4
-
-
-def test_recurrent_tree_is_lossless_when_sampling(tiny_target: TargetModel) -> None:
-    sampling = SamplingConfig(temperature=1.0)
-    drafter = recurrent_drafter(tiny_target, tree=TREE, seed=4)
-    dec = SpeculativeDecoder(tiny_target, drafter, num_draft_tokens=len(TREE), sampling=sampling)
-    prompt = [2, 9]
-    counts = sample_two_tokens(dec, prompt, n=1500, vocab=tiny_target.vocab_size)
-    assert pooled_chisquare(counts, exact_two_token_distribution(tiny_target, prompt, sampling)) > 1e-4
 
 
 def test_recurrent_chain_test_catches_a_q_that_is_not_the_drafts_law(tiny_target: TargetModel,

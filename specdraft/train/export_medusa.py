@@ -127,11 +127,14 @@ def main() -> None:
     args = ap.parse_args()
     from specdraft.models import load_model
 
-    source = load_model(args.target, device="cpu")
-    model = load_heads(args.heads, source.get_output_embeddings().weight,
-                       source.get_input_embeddings().weight)
-    base = HUB_IDS.get(args.target, args.target)
-    path = export(model, args.out, args.format, getattr(torch, args.dtype), base_model=base)
+    try:
+        source = load_model(args.target, device="cpu")
+        model = load_heads(args.heads, source.get_output_embeddings().weight,
+                           source.get_input_embeddings().weight)
+        base = HUB_IDS.get(args.target, args.target)
+        path = export(model, args.out, args.format, getattr(torch, args.dtype), base_model=base)
+    except ValueError as err:  # bad heads/target: the message names the problem and the fix
+        ap.exit(2, f"specdraft-export-medusa: error: {err}\n")
     print(f"wrote {args.format} Medusa heads to {path}")
 
 
