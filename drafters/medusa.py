@@ -162,9 +162,20 @@ def _head_states(blocks: Sequence[nn.Module], inputs: Sequence[nn.Module], embed
         raise ValueError("recurrent heads need the tokens before each head (tokens [..., K]).")
     states, state = [], hidden
     for k, blk in enumerate(blocks):
-        state = blk(inputs[k](state, F.embedding(tokens[..., k], embed)))
+        state = _recurrent_state(blk, inputs[k], embed, state, tokens[..., k])
         states.append(state)
     return torch.stack(states, dim=-2)
+
+
+def _recurrent_state(block: nn.Module, token_block: nn.Module, embed: Tensor, state: Tensor,
+                     tokens: Tensor) -> Tensor:
+    """One recurrent head's state [..., H] from the previous state and the tokens before it [...]."""
+    return block(token_block(state, F.embedding(tokens, embed)))
+
+
+def _on_rows(weight: Tensor, rows: Tensor | None) -> Tensor:
+    """The rows of a [V, ...] projection factor that a pruned vocabulary keeps (all if rows is None)."""
+    return weight if rows is None else weight[rows]
 
 
 def lora_config(
@@ -329,7 +340,7 @@ class CompiledHeads:
         if self.shared:
             return self._shared_rows if self._shared_rows is not None else self.weights[0].detach()
         w = self.weights[k]
-        return w if self.rows is None else w[self.rows]
+        return _on_rows(w, self.rows)
 
     def _delta(self, k: int, h: Tensor) -> Tensor | None:
         """Head k's LoRA delta [B, M] on its state h [B, H] (None without LoRA)."""
@@ -337,7 +348,7 @@ class CompiledHeads:
         if factors is None:
             return None
         a, b, s = factors
-        return s * F.linear(F.linear(h, a), b if self.rows is None else b[self.rows])
+        return s * F.linear(F.linear(h, a), _on_rows(b, self.rows))
 
     @torch.inference_mode()
     def step(self, k: int, state: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
@@ -345,7 +356,7 @@ class CompiledHeads:
         k = 0) and the token before head k [P] -> (head k's state [P, H], logits [P, M] float32)."""
         if not self.recurrent:
             raise ValueError("step() is for recurrent heads; call the heads on the hidden state instead.")
-        new = self.blocks[k](self.inputs[k](state, F.embedding(tokens, self.embed)))  # [P, H]
+        new = _recurrent_state(self.blocks[k], self.inputs[k], self.embed, state, tokens)  # [P, H]
         logits = F.linear(new, self._projection(k))  # [P, M]
         delta = self._delta(k, new)
         return new, (logits if delta is None else logits + delta).float()
@@ -384,7 +395,7 @@ class PackedHeads:
         self.rest = [[PackedLinear(lin.weight, lin.bias) for lin in ls[1:]] for ls in layers]
         w = compiled.weights[0].detach()
         rows = compiled.rows
-        w = w if rows is None else w[rows]  # [M, H]
+        w = _on_rows(w, rows)  # [M, H]
         cols, self.lora_a, self.offsets = [w], [], []
         offset = w.shape[1]
         for factors in compiled.lora:
@@ -393,7 +404,7 @@ class PackedHeads:
                 self.offsets.append(offset)
                 continue
             a, b, scale = factors
-            b = b.detach() if rows is None else b.detach()[rows]  # [M, r]
+            b = _on_rows(b.detach(), rows)  # [M, r]
             cols.append(scale * b)
             self.lora_a.append(a.detach())  # [r, H]
             self.offsets.append(offset)
@@ -451,7 +462,7 @@ class PackedRecurrentHeads:
                 self.lora.append(None)
                 continue
             a, b, scale = factors
-            b = b.detach() if rows is None else b.detach()[rows]  # [M, r]
+            b = _on_rows(b.detach(), rows)  # [M, r]
             self.lora.append((a.detach(), (scale * b).contiguous()))
 
     def step(self, k: int, state: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:

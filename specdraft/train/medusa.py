@@ -66,19 +66,21 @@ class HiddenSet:
     use: Tensor
     ids: Tensor
 
+    def _ahead(self, idx: Tensor, num_heads: int) -> tuple[Tensor, Tensor]:
+        """(positions t + k + 1 of head k at positions idx [M], clamped to the data [M, K];
+        whether each is still inside its sequence [M, K])."""
+        pos = idx[:, None] + torch.arange(1, num_heads + 1)[None]  # [M, K]
+        return pos.clamp(max=len(self.choice) - 1), pos < self.end[idx][:, None]
+
     def labels(self, idx: Tensor, num_heads: int) -> Tensor:
         """Targets [M, K] for head k at positions idx [M]: a_{t+k+1}, or -1 past the sequence end."""
-        offs = torch.arange(1, num_heads + 1)  # [K]
-        pos = idx[:, None] + offs[None]  # [M, K]
-        valid = pos < self.end[idx][:, None]
-        safe = pos.clamp(max=len(self.choice) - 1)
-        return torch.where(valid, self.choice[safe], torch.full_like(safe, -1))
+        pos, valid = self._ahead(idx, num_heads)
+        return torch.where(valid, self.choice[pos], torch.full_like(pos, -1))
 
     def path_tokens(self, idx: Tensor, num_heads: int) -> Tensor:
         """Recurrent heads' inputs [M, K] at positions idx [M]: y_k = x_{t+k+1}, the token after
         which head k guesses a_{t+k+1} (teacher forcing; past the sequence end the label is -1)."""
-        pos = idx[:, None] + torch.arange(1, num_heads + 1)[None]  # [M, K]
-        return self.ids[pos.clamp(max=len(self.ids) - 1)]
+        return self.ids[self._ahead(idx, num_heads)[0]]
 
     def inputs(self, num_heads: int) -> Tensor:
         """Positions usable as inputs: marked `use` and with a label for head 0."""
