@@ -9,6 +9,10 @@ Shared KV cache: the draft's K/V for layers < E are the target's own cache entri
 layer-E hidden states, running only layers >= E for the drafted positions. On rejection the
 target's `crop` rolls back both parts. `share_kv=False` discards the draft's entries before the
 verify forward instead (the recompute baseline the benchmark compares against).
+
+A context adapter (`ExitAdapter(context=True)`) also reads the final-layer hidden state of the
+position before each draft position: the target's own (`DraftContext.target_hidden`) for the first
+draft token, the exit's own output for the next ones.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import torch
 
 from specdraft.protocol import Draft, DraftContext
 from specdraft.sampling import draw, warp
-from specdraft.exit_adapter import VOCAB_FILE, ExitAdapter, exit_logits, load_adapter
+from specdraft.exit_adapter import VOCAB_FILE, ExitAdapter, exit_head, exit_hidden, load_adapter
 from specdraft.vocab import PrunedVocab
 
 if TYPE_CHECKING:
@@ -60,7 +64,7 @@ class EarlyExitDrafter:
         exit's cost. Default: the vocabulary the adapter was trained on, if any.
     """
 
-    needs_target_hidden: ClassVar[bool] = False
+    needs_target_hidden: ClassVar[bool] = True  # read by context adapters (a slice of the verify output)
 
     def __init__(
         self,
@@ -136,10 +140,16 @@ class EarlyExitDrafter:
                 f"{ctx.token_ids.shape[1]} tokens; early exit expects all but the newest cached."
             )
         token = ctx.token_ids[:, -1:]  # [1, 1]
+        prev = None
+        if self.adapter is not None and self.adapter.context:  # final hidden before the newest token
+            prev = ctx.target_hidden if ctx.target_hidden is not None else target.lm_head.weight.new_zeros(
+                (1, target.hidden_size))  # [1, H]; zeros: unknown (a one-token prompt)
         tokens, probs = [], []
         for _ in range(num_tokens):
             hidden = target.forward_prefix(token.to(target.device), self.exit_layer)  # [1, 1, H]
-            logits = exit_logits(target, hidden[:, -1], self.adapter, self._head, inference=True)  # [1, V|M]
+            hidden = exit_hidden(target, hidden[:, -1], self.adapter, prev)  # [1, H] post-norm
+            logits = exit_head(target, hidden, self._head, inference=True)  # [1, V|M]
+            prev = hidden  # the next draft position's context: the exit's own feature
             q = warp(logits, ctx.sampling)
             token = draw(q, ctx.sampling, ctx.generator)[:, None]  # [1, 1]
             if self.vocab is not None:

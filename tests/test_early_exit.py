@@ -34,14 +34,19 @@ def deep_target() -> TargetModel:
     return tiny_random_target(vocab_size=16, seed=1, num_layers=LAYERS)
 
 
-@pytest.fixture
-def adapter_dir(tmp_path: Path) -> Path:
-    """A random (non-identity) adapter for exit layer 2 of the 4-layer tiny target."""
+def random_adapter(context: bool) -> ExitAdapter:
+    """A random (non-identity) adapter for the 32-wide tiny target."""
     torch.manual_seed(0)
-    adapter = ExitAdapter(hidden_size=32, width=16)
+    adapter = ExitAdapter(hidden_size=32, width=16, context=context)
     for down in adapter.down:
         torch.nn.init.normal_(down.weight, std=0.3)
-    return save_adapter(adapter, tmp_path / "adapter", {"exit_layer": 2})
+    return adapter
+
+
+@pytest.fixture(params=[False, True], ids=["plain", "context"])
+def adapter_dir(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
+    """A random adapter for exit layer 2 of the 4-layer tiny target, plain and context."""
+    return save_adapter(random_adapter(request.param), tmp_path / "adapter", {"exit_layer": 2})
 
 
 def cache_tensors(target: TargetModel) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -71,6 +76,36 @@ def test_greedy_with_adapter_matches_plain_greedy(deep_target: TargetModel, adap
     assert drafter.exit_layer == 2
     out = SpeculativeDecoder(deep_target, drafter, 4).generate([3], 40, stop_token_ids=[])
     assert out.token_ids[0].tolist() == plain_greedy(deep_target, [3], 40)
+
+
+def test_context_adapter_reads_the_target_feature_then_its_own(deep_target: TargetModel) -> None:
+    """The first draft token's q is the adapter on layer 2's hidden state of the newest token and the
+    target's post-norm final hidden state of the position before it; the second reads the exit's
+    own output at the first draft position (checked against a plain HF forward)."""
+    from specdraft.exit_adapter import exit_hidden
+    from specdraft.protocol import DraftContext
+
+    adapter = random_adapter(context=True)
+    with torch.no_grad():
+        adapter.up[0].weight[:, 32:] *= 10  # let the feature move q visibly
+    drafter = EarlyExitDrafter(exit_layer=2)
+    drafter.adapter = adapter
+    drafter.bind(deep_target)
+    sampling = SamplingConfig(temperature=1.0)
+    ids = torch.tensor([PROMPT])
+    deep_target.reset()
+    prefill = deep_target.forward(ids[:, :-1], num_logits=0)
+    ctx = DraftContext(ids, prefill.hidden[:, -1], sampling, sampling.make_generator())
+    draft = drafter.propose(ctx, 2)
+    with torch.inference_mode():
+        hs = deep_target.model(torch.cat([ids, draft.token_ids[:, :1]], 1), output_hidden_states=True).hidden_states
+        first = exit_hidden(deep_target, hs[2][:, -2], adapter, hs[-1][:, -3])  # [1, H]
+        second = exit_hidden(deep_target, hs[2][:, -1], adapter, first)
+        for got, out in zip(draft.probs[0], (first, second), strict=True):
+            torch.testing.assert_close(got, torch.softmax(deep_target.lm_head(out).float(), -1)[0], rtol=1e-4, atol=1e-5)
+        # and not with the feature one position off (the test can tell them apart)
+        shifted = exit_hidden(deep_target, hs[2][:, -2], adapter, hs[-1][:, -2])
+        assert (draft.probs[0, 0] - torch.softmax(deep_target.lm_head(shifted).float(), -1)[0]).abs().max() > 1e-2
 
 
 @pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=1.0)], ids=["greedy", "t1"])

@@ -10,6 +10,8 @@ Teacher outputs are expensive (a full forward per token) and the adapter is chea
 precomputes once and caches on disk: layer-E hidden states [N, H] (float16) and the teacher's
 top-k logits/ids [N, k]; training then only runs adapter + norm + lm_head. Every phase is
 resumable (cache shards, training checkpoints), so a killed background job loses little.
+`adapter.context=true` trains a context adapter (`ExitAdapter(context=True)`): it also reads the
+target's final-layer hidden state of the position before, cached with the rest.
 
     specdraft-train-early-exit exit_layer=6 sources=[selfgen] train_tokens=32768 steps=2000 \
         draft_vocab=specdraft/artifacts/smollm2-135m/early_exit/draft_vocab.json out_dir=specdraft/artifacts/smollm2-135m/early_exit
@@ -28,7 +30,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from specdraft.exit_adapter import VOCAB_FILE, ExitAdapter, exit_logits, save_adapter
+from specdraft.exit_adapter import VOCAB_FILE, ExitAdapter, exit_head, exit_hidden, exit_logits, save_adapter
 from specdraft.target import TargetModel
 from specdraft.vocab import PrunedVocab
 
@@ -37,28 +39,36 @@ log = logging.getLogger(__name__)
 # ------------------------------------------------------------------------------ teacher cache
 @torch.inference_mode()
 def precompute_teacher(
-    target: TargetModel, blocks: Tensor, exit_layer: int, top_k: int, out_dir: Path, shard_blocks: int = 4
+    target: TargetModel, blocks: Tensor, exit_layer: int, top_k: int, out_dir: Path, shard_blocks: int = 4,
+    with_prev: bool = False,
 ) -> dict[str, Tensor]:
     """Layer-`exit_layer` hidden states and the final layer's top-k logits for every token of
     blocks [N, T]; cached as resumable shards in out_dir. Returns hidden [M, H] float16,
-    top_logits [M, k] float16, top_ids [M, k] int64 (M = N * T)."""
+    top_logits [M, k] float16, top_ids [M, k] int64 (M = N * T), and with with_prev also prev
+    [M, H] float16: the final-layer post-norm hidden state of the position before (zeros at a
+    block's first position), the context adapter's second input."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    keys = ("hidden", "top_logits", "top_ids") + (("prev",) if with_prev else ())
     parts: list[dict[str, Tensor]] = []
     for start in range(0, blocks.shape[0], shard_blocks):
         shard = out_dir / f"shard_{start:06d}_{shard_blocks}.safetensors"
-        if not shard.is_file():
+        cached = load_file(str(shard)) if shard.is_file() else {}
+        if not all(k in cached for k in keys):  # new, or cached before prev was asked for
             ids = blocks[start : start + shard_blocks].to(target.device)  # [b, T]
             out = target.model(ids, output_hidden_states=True)
-            hidden = out.hidden_states[exit_layer].flatten(0, 1)  # [b*T, H] output of layer E
+            final = out.hidden_states[-1]  # [b, T, H] post-norm output of the last layer
+            prev = torch.cat([torch.zeros_like(final[:, :1]), final[:, :-1]], dim=1)  # [b, T, H]
             values, idx = out.logits.float().flatten(0, 1).topk(top_k, dim=-1)  # [b*T, k]
+            cached = {"hidden": out.hidden_states[exit_layer].flatten(0, 1).half().cpu().contiguous(),  # [b*T, H]
+                      "top_logits": values.half().cpu().contiguous(),
+                      "top_ids": idx.to(torch.int32).cpu().contiguous(),
+                      "prev": prev.flatten(0, 1).half().cpu().contiguous()}
             tmp = shard.with_suffix(".tmp")
-            save_file({"hidden": hidden.half().cpu().contiguous(),
-                       "top_logits": values.half().cpu().contiguous(),
-                       "top_ids": idx.to(torch.int32).cpu().contiguous()}, str(tmp))
+            save_file(cached, str(tmp))
             tmp.rename(shard)
             log.info("teacher cache %s: %d/%d blocks", out_dir.name, start + ids.shape[0], blocks.shape[0])
-        parts.append(load_file(str(shard)))
-    return {k: torch.cat([p[k] for p in parts]) for k in ("hidden", "top_logits", "top_ids")}
+        parts.append(cached)
+    return {k: torch.cat([p[k] for p in parts]) for k in keys}
 
 
 # ----------------------------------------------------------------------------------- training
@@ -76,23 +86,40 @@ def distill_loss(logits: Tensor, top_logits: Tensor, top_ids: Tensor) -> Tensor:
 
 @torch.no_grad()
 def agreement(
-    target: TargetModel, adapter: nn.Module | None, data: dict[str, Tensor], batch: int = 512,
+    target: TargetModel, adapter: ExitAdapter | None, data: dict[str, Tensor], batch: int = 512,
     vocab: PrunedVocab | None = None,
 ) -> dict[str, float]:
     """Top-1 agreement (exit argmax == final argmax) and top-5 (final argmax in the exit's top 5),
-    the exit projecting onto the full vocabulary or onto `vocab` only."""
-    top1 = top5 = 0
-    n = data["hidden"].shape[0]
+    the exit projecting onto the full vocabulary or onto `vocab` only. A context adapter reads the
+    target's own previous-position feature (`prev`: the first draft token of a round); it also
+    gets top1_chained, where the feature is the exit's own output at the position before (as for
+    the next draft tokens), given the earlier tokens."""
+    context = adapter is not None and adapter.context
     head = None if vocab is None else vocab.head(target.lm_head.weight)  # [M, H]
-    for s in range(0, n, batch):
-        h = data["hidden"][s : s + batch].float().to(target.device)  # [b, H]
-        want = data["top_ids"][s : s + batch, 0].long().to(target.device)  # [b]
-        pred = exit_logits(target, h, adapter, head).topk(5, dim=-1).indices  # [b, 5]
-        if vocab is not None:
-            pred = vocab.to_target(pred)
-        top1 += int((pred[:, 0] == want).sum())
-        top5 += int((pred == want[:, None]).any(-1).sum())
-    return {"top1": top1 / max(n, 1), "top5": top5 / max(n, 1), "tokens": n}
+    n = data["hidden"].shape[0]
+
+    def predict(prev: Tensor | None) -> tuple[Tensor, Tensor]:  # top-5 ids [n, 5], exit hidden [n, H]
+        preds, hiddens = [], []
+        for s in range(0, n, batch):
+            h = data["hidden"][s : s + batch].float().to(target.device)  # [b, H]
+            p = None if prev is None else prev[s : s + batch].float().to(target.device)  # [b, H]
+            out = exit_hidden(target, h, adapter, p)  # [b, H]
+            top = exit_head(target, out, head).topk(5, dim=-1).indices  # [b, 5]
+            preds.append(top if vocab is None else vocab.to_target(top))
+            hiddens.append(out)
+        return torch.cat(preds), torch.cat(hiddens)
+
+    want = data["top_ids"][:, 0].long().to(target.device)  # [n]
+    pred, out = predict(data["prev"] if context else None)
+    result = {"top1": float((pred[:, 0] == want).float().mean()) if n else 0.0,
+              "top5": float((pred == want[:, None]).any(-1).float().mean()) if n else 0.0, "tokens": n}
+    if context and n:
+        # the exit's own feature replaces the target's where the target's is non-zero (not a block start)
+        own = torch.cat([out.new_zeros(1, out.shape[1]), out[:-1]])  # [n, H]
+        own = torch.where((data["prev"].to(own.device) != 0).any(-1, keepdim=True), own, torch.zeros_like(own))
+        chained, _ = predict(own)
+        result["top1_chained"] = float((chained[:, 0] == want).float().mean())
+    return result
 
 
 def train_adapter(
@@ -137,10 +164,11 @@ def train_adapter(
             group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
         idx = torch.randint(0, n, (batch_tokens,), generator=gen)
         h = train["hidden"][idx].float().to(target.device)  # [b, H]
+        prev = train["prev"][idx].float().to(target.device) if adapter.context else None  # [b, H]
         ids = train["top_ids"][idx].long().to(target.device)  # [b, k]
         if vocab is not None:
             ids = vocab.to_subset(ids)  # -1 outside the subset
-        loss = distill_loss(exit_logits(target, h, adapter, head), train["top_logits"][idx].to(target.device), ids)
+        loss = distill_loss(exit_logits(target, h, adapter, head, prev=prev), train["top_logits"][idx].to(target.device), ids)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -203,16 +231,17 @@ def run(cfg) -> dict:  # noqa: ANN001 - an OmegaConf DictConfig
     cache_root = teacher_cache_dir(cfg)
     train_blocks = _load_blocks(cfg, target, "train", cfg.train_tokens)
     eval_blocks = _load_blocks(cfg, target, "eval", cfg.eval_tokens)
-    train = precompute_teacher(target, train_blocks, cfg.exit_layer, cfg.top_k, cache_root / "train")
-    held = precompute_teacher(target, eval_blocks, cfg.exit_layer, cfg.top_k, cache_root / "eval")
+    context = bool(cfg.adapter.context)
+    train = precompute_teacher(target, train_blocks, cfg.exit_layer, cfg.top_k, cache_root / "train", with_prev=context)
+    held = precompute_teacher(target, eval_blocks, cfg.exit_layer, cfg.top_k, cache_root / "eval", with_prev=context)
     vocab = PrunedVocab.load(cfg.draft_vocab) if cfg.draft_vocab else None
     before = agreement(target, None, held, vocab=vocab)
     log.info("untrained exit after layer %d: %s", cfg.exit_layer, before)
 
-    adapter = ExitAdapter(target.hidden_size, cfg.adapter.width, cfg.adapter.num_blocks)
+    adapter = ExitAdapter(target.hidden_size, cfg.adapter.width, cfg.adapter.num_blocks, context=context)
     ckpt = None
     if cfg.checkpoint:  # outside out_dir: the artifact directory holds only the adapter
-        tag = f"w{cfg.adapter.width}_b{cfg.adapter.num_blocks}_s{cfg.steps}_v{vocab.size if vocab else 0}"
+        tag = f"w{cfg.adapter.width}_b{cfg.adapter.num_blocks}{'_ctx' if context else ''}_s{cfg.steps}_v{vocab.size if vocab else 0}"
         ckpt = cache_root / f"checkpoint_{tag}.pt"
     losses = train_adapter(target, adapter, train, cfg.steps, cfg.batch_tokens, cfg.lr, cfg.seed,
                            max_seconds=60 * cfg.train_minutes if cfg.train_minutes else None,
