@@ -105,8 +105,9 @@ def test_checkpoint_resume_and_roundtrip(tmp_path: Path) -> None:
     assert meta["exit_layer"] == 1
 
 
-@pytest.mark.parametrize("context", [False, True], ids=["plain", "context"])
-def test_recipe_end_to_end(tmp_path: Path, context: bool) -> None:
+@pytest.mark.parametrize(("context", "sources"), [(False, "[pydoc]"), (True, "[selfgen,pydoc]")],
+                         ids=["plain", "context-mixed"])
+def test_recipe_end_to_end(tmp_path: Path, context: bool, sources: str) -> None:
     vocab_path = tmp_path / "vocab.json"
     PrunedVocab(range(4096), vocab_size=49152).save(vocab_path)
     GlobalHydra.instance().clear()
@@ -116,13 +117,16 @@ def test_recipe_end_to_end(tmp_path: Path, context: bool) -> None:
             overrides=[
                 "target=tiny_random", "+target.num_layers=3", "exit_layer=1", "block_size=64",
                 "train_tokens=1024", "eval_tokens=256", "steps=5", "batch_tokens=64", "top_k=4",
-                "sources=[pydoc]", "adapter.width=16", f"draft_vocab={vocab_path}", f"cache_dir={tmp_path / 'cache'}",
+                f"sources={sources}", "adapter.width=16", f"draft_vocab={vocab_path}", f"cache_dir={tmp_path / 'cache'}",
                 f"out_dir={tmp_path / 'adapter'}", f"adapter.context={str(context).lower()}",
             ],
         )
     GlobalHydra.instance().clear()
     metrics = run(cfg)
     assert 0.0 <= metrics["trained"]["top1"] <= 1.0 and metrics["last_loss"] is not None
+    if "selfgen" in sources:  # the two domains are also scored apart, 256 held-out tokens each
+        assert set(metrics["by_source"]) == {"selfgen", "pydoc"}
+        assert metrics["by_source"]["pydoc"]["trained"]["tokens"] == 256 == metrics["trained"]["tokens"] // 2
     drafter = EarlyExitDrafter(adapter=tmp_path / "adapter")
     assert drafter.exit_layer == 1 and drafter.adapter is not None and drafter.adapter.context == context
     assert drafter.vocab is not None and drafter.vocab.size == 4096  # trained on it, drafts on it

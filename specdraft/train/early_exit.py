@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from torch import Tensor, nn
+from torch import Tensor
 
 from specdraft.exit_adapter import VOCAB_FILE, ExitAdapter, exit_head, exit_hidden, exit_logits, save_adapter
 from specdraft.target import TargetModel
@@ -189,14 +189,17 @@ def train_adapter(
     return losses
 
 
-def _load_blocks(cfg, target: TargetModel, split: str, max_tokens: int) -> Tensor:  # noqa: ANN001
-    """Token blocks [N, block_size] of one split: "selfgen" (the target's own answers, exact ids,
-    specdraft.train.selfgen) first, then the specdraft.data corpus sources."""
+def _load_blocks(cfg, target: TargetModel, split: str, max_tokens: int,  # noqa: ANN001
+                 sources: list[str] | None = None) -> Tensor:
+    """Token blocks [N, block_size] of one split of `sources` (default cfg.sources): "selfgen" (the
+    target's own answers, exact ids, specdraft.train.selfgen) first, then the specdraft.data corpus
+    sources."""
     from specdraft.data import corpus_documents, token_blocks
 
-    corpus = [s for s in cfg.sources if s != "selfgen"]
+    sources = list(cfg.sources) if sources is None else sources
+    corpus = [s for s in sources if s != "selfgen"]
     parts: list[Tensor] = []
-    if "selfgen" in cfg.sources:
+    if "selfgen" in sources:
         from specdraft.train.selfgen import load_selfgen_sequences
 
         parts += [ids for ids, _ in load_selfgen_sequences(split)]
@@ -208,6 +211,13 @@ def _load_blocks(cfg, target: TargetModel, split: str, max_tokens: int) -> Tenso
     if n == 0:
         raise ValueError(f"the {split} data has {ids.numel()} tokens, fewer than one block of {cfg.block_size}.")
     return ids[: n * cfg.block_size].view(n, cfg.block_size)
+
+
+def eval_groups(sources: list[str]) -> list[list[str]]:
+    """The held-out sets scored apart: the target's own answers and the text corpus are different
+    domains (top-1 differs by 2-3x), so a mixed recipe reports each."""
+    corpus = [s for s in sources if s != "selfgen"]
+    return [g for g in (["selfgen"] if "selfgen" in sources else [], corpus) if g]
 
 
 def teacher_cache_dir(cfg) -> Path:  # noqa: ANN001 - an OmegaConf DictConfig
@@ -229,11 +239,14 @@ def run(cfg) -> dict:  # noqa: ANN001 - an OmegaConf DictConfig
     if not 1 <= cfg.exit_layer < layers:
         raise ValueError(f"exit_layer must be in [1, {layers - 1}] for this target, got {cfg.exit_layer}.")
     cache_root = teacher_cache_dir(cfg)
-    train_blocks = _load_blocks(cfg, target, "train", cfg.train_tokens)
-    eval_blocks = _load_blocks(cfg, target, "eval", cfg.eval_tokens)
     context = bool(cfg.adapter.context)
+    train_blocks = _load_blocks(cfg, target, "train", cfg.train_tokens)
     train = precompute_teacher(target, train_blocks, cfg.exit_layer, cfg.top_k, cache_root / "train", with_prev=context)
-    held = precompute_teacher(target, eval_blocks, cfg.exit_layer, cfg.top_k, cache_root / "eval", with_prev=context)
+    groups = eval_groups(list(cfg.sources))
+    held_by = {"+".join(g): precompute_teacher(
+        target, _load_blocks(cfg, target, "eval", cfg.eval_tokens, g), cfg.exit_layer, cfg.top_k,
+        cache_root / ("eval" if len(groups) == 1 else "eval_" + "+".join(g)), with_prev=context) for g in groups}
+    held = {k: torch.cat([h[k] for h in held_by.values()]) for k in next(iter(held_by.values()))}
     vocab = PrunedVocab.load(cfg.draft_vocab) if cfg.draft_vocab else None
     before = agreement(target, None, held, vocab=vocab)
     log.info("untrained exit after layer %d: %s", cfg.exit_layer, before)
@@ -251,6 +264,11 @@ def run(cfg) -> dict:  # noqa: ANN001 - an OmegaConf DictConfig
     metrics = {"untrained": before, "trained": after,
                "trained_full_vocab": agreement(target, adapter, held) if vocab is not None else after,
                "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None}
+    if len(held_by) > 1:
+        metrics["by_source"] = {name: {"untrained": agreement(target, None, h, vocab=vocab),
+                                       "trained": agreement(target, adapter, h, vocab=vocab)}
+                                for name, h in held_by.items()}
+        log.info("per held-out source: %s", metrics["by_source"])
     meta = {"exit_layer": int(cfg.exit_layer), "target": str(cfg.target.get("name_or_path", "")),
             "command": "specdraft-train-early-exit " + " ".join(sys.argv[1:]),
             "train_tokens": int(train["hidden"].shape[0]), "eval": metrics,
