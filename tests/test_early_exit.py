@@ -208,6 +208,7 @@ def test_shipped_adapter_loads() -> None:
     """The adapter shipped for the default target: exit layer 6, <= 10 MB, with its draft vocabulary."""
     drafter = EarlyExitDrafter(adapter="smollm2-135m")
     assert drafter.exit_layer == 6 and drafter.adapter is not None and drafter.adapter.hidden_size == 576
+    assert drafter.adapter.context  # reads the target's final hidden state of the position before
     assert drafter.vocab is not None and drafter.vocab.vocab_size == 49152
     shipped = resolve_adapter("smollm2-135m")
     assert sum(f.stat().st_size for f in shipped.iterdir()) <= 10 * 2**20
@@ -215,9 +216,12 @@ def test_shipped_adapter_loads() -> None:
 
 
 @pytest.mark.slow
-def test_default_target_greedy(default_target: TargetModel) -> None:
+@pytest.mark.parametrize("adapter", [None, "smollm2-135m"], ids=["no-adapter", "shipped-adapter"])
+def test_default_target_greedy(default_target: TargetModel, adapter: str | None) -> None:
     prompt = default_target.tokenizer("def fibonacci(n):")["input_ids"]
-    out = SpeculativeDecoder(default_target, EarlyExitDrafter(exit_layer=6), 3).generate(
-        prompt, 12, stop_token_ids=[]
+    out = SpeculativeDecoder(default_target, EarlyExitDrafter(exit_layer=6, adapter=adapter), 3).generate(
+        prompt, 24, stop_token_ids=[]
     )
-    assert out.token_ids[0].tolist() == plain_greedy(default_target, prompt, 12)
+    assert out.token_ids[0].tolist() == plain_greedy(default_target, prompt, 24)
+    if adapter is not None:  # the trained exit does get accepted on code
+        assert out.stats.accepted > 0

@@ -272,7 +272,8 @@ def run(cfg) -> dict:  # noqa: ANN001 - an OmegaConf DictConfig
     meta = {"exit_layer": int(cfg.exit_layer), "target": str(cfg.target.get("name_or_path", "")),
             "command": "specdraft-train-early-exit " + " ".join(sys.argv[1:]),
             "train_tokens": int(train["hidden"].shape[0]), "eval": metrics,
-            "steps": int(cfg.steps), "batch_tokens": int(cfg.batch_tokens), "lr": float(cfg.lr)}
+            "steps": int(cfg.steps), "steps_run": len(losses),  # fewer when train_minutes ran out first (this invocation)
+            "batch_tokens": int(cfg.batch_tokens), "lr": float(cfg.lr)}
     save_adapter(adapter, cfg.out_dir, meta)
     if vocab is not None:
         vocab.save(Path(cfg.out_dir) / VOCAB_FILE)
