@@ -13,8 +13,9 @@ resumable (cache shards, training checkpoints), so a killed background job loses
 `adapter.context=true` trains a context adapter (`ExitAdapter(context=True)`): it also reads the
 target's final-layer hidden state of the position before, cached with the rest.
 
-    specdraft-train-early-exit exit_layer=6 sources=[selfgen] train_tokens=32768 steps=2000 \
-        draft_vocab=specdraft/artifacts/smollm2-135m/early_exit/draft_vocab.json out_dir=specdraft/artifacts/smollm2-135m/early_exit
+    specdraft-train-early-exit exit_layer=6 adapter.context=true "sources=[selfgen,stdlib,pydoc]" \
+        train_tokens=555520 steps=30000 train_minutes=25 threads=2 \
+        draft_vocab=specdraft/artifacts/smollm2-135m/draft/pruned_vocab.json out_dir=specdraft/artifacts/smollm2-135m/early_exit
 """
 
 from __future__ import annotations
