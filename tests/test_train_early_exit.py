@@ -130,3 +130,18 @@ def test_recipe_end_to_end(tmp_path: Path, context: bool, sources: str) -> None:
     drafter = EarlyExitDrafter(adapter=tmp_path / "adapter")
     assert drafter.exit_layer == 1 and drafter.adapter is not None and drafter.adapter.context == context
     assert drafter.vocab is not None and drafter.vocab.size == 4096  # trained on it, drafts on it
+
+
+def test_chained_training_learns_its_own_feature(tmp_path: Path) -> None:
+    """chain_prob trains part of the positions on the adapter's own feature (the later draft tokens'
+    input): it still learns, and it fits that input better than training on the target's only."""
+    target = tiny_random_target(vocab_size=64, seed=3, num_layers=3)
+    data = teacher_data(target, tmp_path, with_prev=True)
+    chained = {}
+    for chain_prob in (0.0, 1.0):
+        torch.manual_seed(0)
+        adapter = ExitAdapter(hidden_size=32, width=64, context=True)
+        losses = train_adapter(target, adapter, data, steps=150, batch_tokens=128, lr=1e-2, chain_prob=chain_prob)
+        assert sum(losses[-10:]) / 10 < 0.8 * sum(losses[:10]) / 10
+        chained[chain_prob] = agreement(target, adapter, data)["top1_chained"]
+    assert chained[1.0] > chained[0.0] + 0.05  # measured: +0.15 to +0.2 on four tiny targets

@@ -136,11 +136,14 @@ def train_adapter(
     checkpoint_every: int = 100,
     log_every: int = 50,
     vocab: PrunedVocab | None = None,
+    chain_prob: float = 0.0,
 ) -> list[float]:
     """AdamW on `distill_loss` with cosine decay over steps or over max_seconds, whichever runs
     out first (on a shared CPU the time budget usually does); the target stays frozen. Resumes
     from (and writes) `checkpoint` (adapter + optimizer + step). With `vocab` the student projects
-    onto that subset only (V / M times cheaper). Returns the loss of every step."""
+    onto that subset only (V / M times cheaper). chain_prob: for a context adapter, the share of
+    positions whose `prev` is the adapter's own (detached) output at the position before instead of
+    the target's, as for the second and later draft tokens. Returns the loss of every step."""
     for p in target.model.parameters():
         p.requires_grad_(False)
     opt = torch.optim.AdamW(adapter.parameters(), lr=lr, weight_decay=0.0)
@@ -166,6 +169,14 @@ def train_adapter(
         idx = torch.randint(0, n, (batch_tokens,), generator=gen)
         h = train["hidden"][idx].float().to(target.device)  # [b, H]
         prev = train["prev"][idx].float().to(target.device) if adapter.context else None  # [b, H]
+        if prev is not None and chain_prob > 0:
+            before = (idx - 1).clamp(min=0)  # same block wherever prev is non-zero (not a block start)
+            with torch.no_grad():
+                own = exit_hidden(target, train["hidden"][before].float().to(target.device), adapter,
+                                  train["prev"][before].float().to(target.device))  # [b, H]
+            use = (torch.rand(idx.shape[0], generator=gen) < chain_prob).to(target.device)
+            use &= (prev != 0).any(-1)
+            prev = torch.where(use[:, None], own, prev)
         ids = train["top_ids"][idx].long().to(target.device)  # [b, k]
         if vocab is not None:
             ids = vocab.to_subset(ids)  # -1 outside the subset
@@ -255,11 +266,12 @@ def run(cfg) -> dict:  # noqa: ANN001 - an OmegaConf DictConfig
     adapter = ExitAdapter(target.hidden_size, cfg.adapter.width, cfg.adapter.num_blocks, context=context)
     ckpt = None
     if cfg.checkpoint:  # outside out_dir: the artifact directory holds only the adapter
-        tag = f"w{cfg.adapter.width}_b{cfg.adapter.num_blocks}{'_ctx' if context else ''}_s{cfg.steps}_v{vocab.size if vocab else 0}"
+        tag = f"w{cfg.adapter.width}_b{cfg.adapter.num_blocks}{'_ctx' if context else ''}{f'_ch{cfg.adapter.chain_prob}' if context and cfg.adapter.chain_prob else ''}_s{cfg.steps}_v{vocab.size if vocab else 0}"
         ckpt = cache_root / f"checkpoint_{tag}.pt"
     losses = train_adapter(target, adapter, train, cfg.steps, cfg.batch_tokens, cfg.lr, cfg.seed,
                            max_seconds=60 * cfg.train_minutes if cfg.train_minutes else None,
-                           checkpoint=ckpt, log_every=cfg.log_every, vocab=vocab)
+                           checkpoint=ckpt, log_every=cfg.log_every, vocab=vocab,
+                           chain_prob=float(cfg.adapter.chain_prob) if context else 0.0)
     after = agreement(target, adapter, held, vocab=vocab)
     log.info("trained exit after layer %d: %s", cfg.exit_layer, after)
     metrics = {"untrained": before, "trained": after,
