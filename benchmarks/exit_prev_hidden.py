@@ -25,8 +25,9 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
-from torch import Tensor, nn
+from torch import Tensor
 
+from specdraft.exit_adapter import ExitAdapter, exit_head, exit_hidden
 from specdraft.models import load_target
 from specdraft.train.early_exit import _load_blocks, distill_loss, teacher_cache_dir
 from specdraft.vocab import PrunedVocab
@@ -34,25 +35,6 @@ from specdraft.vocab import PrunedVocab
 ROOT = Path(__file__).resolve().parent.parent
 VOCAB = ROOT / "specdraft/artifacts/smollm2-135m/early_exit/draft_vocab.json"
 CONF = ROOT / "conf/train_early_exit.yaml"
-
-
-def rms(x: Tensor, eps: float = 1e-5) -> Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-
-
-class ContextAdapter(nn.Module):
-    """h + W2 silu(W1 [rmsnorm(h) * g1; rmsnorm(f) * g2]): the residual MLP with a second input."""
-
-    def __init__(self, hidden: int, width: int) -> None:
-        super().__init__()
-        self.g1, self.g2 = nn.Parameter(torch.ones(hidden)), nn.Parameter(torch.ones(hidden))
-        self.up = nn.Linear(2 * hidden, width, bias=False)
-        self.down = nn.Linear(width, hidden, bias=False)
-        nn.init.zeros_(self.down.weight)
-
-    def forward(self, h: Tensor, f: Tensor) -> Tensor:  # [..., H], [..., H] -> [..., H]
-        x = torch.cat([rms(h) * self.g1, rms(f) * self.g2], -1)
-        return h + self.down(nn.functional.silu(self.up(x)))
 
 
 @torch.inference_mode()
@@ -103,18 +85,17 @@ def main() -> None:
         cached["final"] = final_hidden(target, blocks, root / f"final_{split}_{cached['hidden'].shape[0]}.safetensors")
         data[split] = cached
     vocab = PrunedVocab.load(VOCAB)
-    inner = target.model.model
     head = vocab.head(target.lm_head.weight).float()  # [M, H]
     H = target.hidden_size
-    ad = ContextAdapter(H, args.width)
+    ad = ExitAdapter(H, args.width, context=True)  # the library's context adapter (the control feeds f = 0)
 
     def prev(f: Tensor) -> Tensor:  # [B, T, H] -> f[t-1] ([0] at t = 0)
         f = torch.cat([torch.zeros_like(f[:, :1]), f[:, :-1]], 1)
         return torch.zeros_like(f) if args.control else f
 
     def logits(h: Tensor, f: Tensor) -> tuple[Tensor, Tensor]:
-        out = inner.norm(ad(h.float(), f.float()))  # [.., H]
-        return out @ head.T, out
+        out = exit_hidden(target, h.float(), ad, f.float())  # [.., H] post-norm
+        return exit_head(target, out, head), out
 
     tr = data["train"]
     N = tr["hidden"].shape[0]
