@@ -572,9 +572,9 @@ class MedusaDrafter:
         self._compiled.truncate(k)
         use_packed = self._compiled.shared and not self._compiled.recurrent
         self._packed = PackedHeads(self._compiled) if use_packed else None
-        self._step = self._compiled.step  # recurrent heads: one head at a time
-        if self._compiled.shared and self._compiled.recurrent:
-            self._step = PackedRecurrentHeads(self._compiled).step
+        packed_recurrent = self._compiled.shared and self._compiled.recurrent
+        # recurrent heads draft one head at a time: the packed step where it applies
+        self._step = PackedRecurrentHeads(self._compiled).step if packed_recurrent else self._compiled.step
         self._heads_dir = heads_dir
         self.paths = load_tree(self.tree_spec, heads_dir, max_depth=k, cost=self._tree_cost)
 
