@@ -15,7 +15,7 @@ from specdraft.models import tiny_random_target
 from specdraft.target import TargetModel
 from specdraft.vocab import PrunedVocab
 from specdraft.exit_adapter import ExitAdapter, exit_logits, load_adapter, save_adapter
-from specdraft.train.early_exit import agreement, precompute_teacher, run, train_adapter
+from specdraft.train.early_exit import agreement, precompute_teacher, run, train_adapter, train_sample
 
 
 def teacher_data(target: TargetModel, tmp_path: Path, exit_layer: int = 1, with_prev: bool = False) -> dict[str, torch.Tensor]:
@@ -124,6 +124,7 @@ def test_recipe_end_to_end(tmp_path: Path, context: bool, sources: str) -> None:
     GlobalHydra.instance().clear()
     metrics = run(cfg)
     assert 0.0 <= metrics["trained"]["top1"] <= 1.0 and metrics["last_loss"] is not None
+    assert metrics["train_sample"]["tokens"] == metrics["trained"]["tokens"]  # as many seen tokens as held-out
     if "selfgen" in sources:  # the two domains are also scored apart, 256 held-out tokens each
         assert set(metrics["by_source"]) == {"selfgen", "pydoc"}
         assert metrics["by_source"]["pydoc"]["trained"]["tokens"] == 256 == metrics["trained"]["tokens"] // 2
@@ -145,3 +146,10 @@ def test_chained_training_learns_its_own_feature(tmp_path: Path) -> None:
         assert sum(losses[-10:]) / 10 < 0.8 * sum(losses[:10]) / 10
         chained[chain_prob] = agreement(target, adapter, data)["top1_chained"]
     assert chained[1.0] > chained[0.0] + 0.05  # measured: +0.15 to +0.2 on four tiny targets
+
+
+def test_train_sample_takes_whole_blocks_spread_over_the_split() -> None:
+    train = {"hidden": torch.arange(10 * 4).float()[:, None], "prev": torch.arange(10 * 4).float()[:, None]}  # 10 blocks of 4
+    sample = train_sample(train, tokens=12, block_size=4)
+    assert sample["hidden"].flatten().tolist() == [0, 1, 2, 3, 16, 17, 18, 19, 36, 37, 38, 39]  # blocks 0, 4 (4.5 rounds to even), 9
+    assert train_sample(train, tokens=1000, block_size=4)["prev"].shape[0] == 40  # capped at the split

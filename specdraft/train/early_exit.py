@@ -225,6 +225,16 @@ def _load_blocks(cfg, target: TargetModel, split: str, max_tokens: int,  # noqa:
     return ids[: n * cfg.block_size].view(n, cfg.block_size)
 
 
+def train_sample(train: dict[str, Tensor], tokens: int, block_size: int) -> dict[str, Tensor]:
+    """About `tokens` cached training tokens as whole blocks spread evenly over the split (whole
+    blocks keep `agreement`'s chained score right). Scored next to the held-out sets, the gap
+    tells overfitting (more data helps) from underfitting (more steps or width help)."""
+    n_blocks = train["hidden"].shape[0] // block_size
+    picks = torch.linspace(0, n_blocks - 1, min(n_blocks, max(1, tokens // block_size))).round().long()  # [b]
+    idx = (picks[:, None] * block_size + torch.arange(block_size)).flatten()  # [b * T]
+    return {k: v[idx] for k, v in train.items()}
+
+
 def eval_groups(sources: list[str]) -> list[list[str]]:
     """The held-out sets scored apart: the target's own answers and the text corpus are different
     domains (top-1 differs by 2-3x), so a mixed recipe reports each."""
@@ -274,7 +284,9 @@ def run(cfg) -> dict:  # noqa: ANN001 - an OmegaConf DictConfig
                            chain_prob=float(cfg.adapter.chain_prob) if context else 0.0)
     after = agreement(target, adapter, held, vocab=vocab)
     log.info("trained exit after layer %d: %s", cfg.exit_layer, after)
-    metrics = {"untrained": before, "trained": after,
+    seen = agreement(target, adapter, train_sample(train, after["tokens"], cfg.block_size), vocab=vocab)
+    log.info("the same on training tokens: %s", seen)
+    metrics = {"untrained": before, "trained": after, "train_sample": seen,
                "trained_full_vocab": agreement(target, adapter, held) if vocab is not None else after,
                "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None}
     if len(held_by) > 1:
