@@ -153,3 +153,19 @@ def test_train_sample_takes_whole_blocks_spread_over_the_split() -> None:
     sample = train_sample(train, tokens=12, block_size=4)
     assert sample["hidden"].flatten().tolist() == [0, 1, 2, 3, 16, 17, 18, 19, 36, 37, 38, 39]  # blocks 0, 4 (4.5 rounds to even), 9
     assert train_sample(train, tokens=1000, block_size=4)["prev"].shape[0] == 40  # capped at the split
+
+
+def test_dropout_only_while_training() -> None:
+    torch.manual_seed(0)
+    plain = ExitAdapter(hidden_size=32, width=16, context=True)
+    dropped = ExitAdapter(hidden_size=32, width=16, context=True, dropout=0.5)
+    torch.nn.init.normal_(plain.down[0].weight)
+    dropped.load_state_dict(plain.state_dict())
+    h, prev = torch.randn(4, 32), torch.randn(4, 32)
+    dropped.train()
+    assert not torch.allclose(dropped(h, prev), dropped(h, prev))  # a fresh mask each call
+    dropped.eval()
+    torch.testing.assert_close(dropped(h, prev), plain.eval()(h, prev))  # drafting sees no dropout
+    assert dropped.spec()["dropout"] == 0.5 and "dropout" in plain.spec()
+    with pytest.raises(ValueError, match="dropout"):
+        ExitAdapter(hidden_size=32, width=16, dropout=1.0)

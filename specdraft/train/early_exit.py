@@ -273,10 +273,11 @@ def run(cfg) -> dict:  # noqa: ANN001 - an OmegaConf DictConfig
     before = agreement(target, None, held, vocab=vocab)
     log.info("untrained exit after layer %d: %s", cfg.exit_layer, before)
 
-    adapter = ExitAdapter(target.hidden_size, cfg.adapter.width, cfg.adapter.num_blocks, context=context)
+    dropout = float(cfg.adapter.get("dropout", 0.0))
+    adapter = ExitAdapter(target.hidden_size, cfg.adapter.width, cfg.adapter.num_blocks, context=context, dropout=dropout)
     ckpt = None
     if cfg.checkpoint:  # outside out_dir: the artifact directory holds only the adapter
-        tag = f"w{cfg.adapter.width}_b{cfg.adapter.num_blocks}{'_ctx' if context else ''}{f'_ch{cfg.adapter.chain_prob}' if context and cfg.adapter.chain_prob else ''}_s{cfg.steps}_v{vocab.size if vocab else 0}"
+        tag = f"w{cfg.adapter.width}_b{cfg.adapter.num_blocks}{'_ctx' if context else ''}{f'_ch{cfg.adapter.chain_prob}' if context and cfg.adapter.chain_prob else ''}{f'_do{dropout}' if dropout else ''}_s{cfg.steps}_v{vocab.size if vocab else 0}"
         ckpt = cache_root / f"checkpoint_{tag}.pt"
     losses = train_adapter(target, adapter, train, cfg.steps, cfg.batch_tokens, cfg.lr, cfg.seed,
                            max_seconds=60 * cfg.train_minutes if cfg.train_minutes else None,
