@@ -14,7 +14,7 @@ resumable (cache shards, training checkpoints), so a killed background job loses
 target's final-layer hidden state of the position before, cached with the rest.
 
     specdraft-train-early-exit exit_layer=6 adapter.context=true "sources=[selfgen,stdlib,pydoc]" \
-        train_tokens=555520 steps=30000 train_minutes=25 threads=2 \
+        train_tokens=1600000 steps=40000 train_minutes=35 threads=2 \
         draft_vocab=specdraft/artifacts/smollm2-135m/draft/pruned_vocab.json out_dir=specdraft/artifacts/smollm2-135m/early_exit
 """
 
@@ -277,7 +277,9 @@ def run(cfg) -> dict:  # noqa: ANN001 - an OmegaConf DictConfig
     adapter = ExitAdapter(target.hidden_size, cfg.adapter.width, cfg.adapter.num_blocks, context=context, dropout=dropout)
     ckpt = None
     if cfg.checkpoint:  # outside out_dir: the artifact directory holds only the adapter
-        tag = f"w{cfg.adapter.width}_b{cfg.adapter.num_blocks}{'_ctx' if context else ''}{f'_ch{cfg.adapter.chain_prob}' if context and cfg.adapter.chain_prob else ''}{f'_do{dropout}' if dropout else ''}_s{cfg.steps}_v{vocab.size if vocab else 0}"
+        tag = (f"w{cfg.adapter.width}_b{cfg.adapter.num_blocks}" + ("_ctx" if context else "")
+               + (f"_ch{cfg.adapter.chain_prob}" if context and cfg.adapter.chain_prob else "")
+               + (f"_do{dropout}" if dropout else "") + f"_s{cfg.steps}_v{vocab.size if vocab else 0}")
         ckpt = cache_root / f"checkpoint_{tag}.pt"
     losses = train_adapter(target, adapter, train, cfg.steps, cfg.batch_tokens, cfg.lr, cfg.seed,
                            max_seconds=60 * cfg.train_minutes if cfg.train_minutes else None,
