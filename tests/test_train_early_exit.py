@@ -169,3 +169,17 @@ def test_dropout_only_while_training() -> None:
     assert dropped.spec()["dropout"] == 0.5 and "dropout" in plain.spec()
     with pytest.raises(ValueError, match="dropout"):
         ExitAdapter(hidden_size=32, width=16, dropout=1.0)
+
+
+def test_a_longer_run_redoes_the_partial_last_shard(tmp_path: Path) -> None:
+    """A shorter run leaves a partial last shard (6 blocks in shards of 4); a longer run over the same
+    token stream must not reuse it as if it were whole (that dropped 2 blocks of the shipped
+    adapter's 1.6M-token run)."""
+    target = tiny_random_target(vocab_size=64, seed=3, num_layers=3)
+    blocks = BLOCKS(target)  # [8, 32]
+    short = precompute_teacher(target, blocks[:6], 1, top_k=8, out_dir=tmp_path / "cache", shard_blocks=4)
+    assert short["hidden"].shape[0] == 6 * 32
+    longer = precompute_teacher(target, blocks, 1, top_k=8, out_dir=tmp_path / "cache", shard_blocks=4)
+    fresh = precompute_teacher(target, blocks, 1, top_k=8, out_dir=tmp_path / "fresh", shard_blocks=4)
+    assert longer["hidden"].shape[0] == 8 * 32
+    torch.testing.assert_close(longer["top_ids"], fresh["top_ids"])

@@ -53,9 +53,10 @@ def precompute_teacher(
     parts: list[dict[str, Tensor]] = []
     for start in range(0, blocks.shape[0], shard_blocks):
         shard = out_dir / f"shard_{start:06d}_{shard_blocks}.safetensors"
+        ids = blocks[start : start + shard_blocks].to(target.device)  # [b, T]
         cached = load_file(str(shard)) if shard.is_file() else {}
-        if not all(k in cached for k in keys):  # new, or cached before prev was asked for
-            ids = blocks[start : start + shard_blocks].to(target.device)  # [b, T]
+        # recompute when new, cached before prev was asked for, or a partial last shard of a shorter run
+        if not all(k in cached for k in keys) or cached["hidden"].shape[0] != ids.numel():
             out = target.model(ids, output_hidden_states=True)
             final = out.hidden_states[-1]  # [b, T, H] post-norm output of the last layer
             prev = torch.cat([torch.zeros_like(final[:, :1]), final[:, :-1]], dim=1)  # [b, T, H]
