@@ -277,10 +277,10 @@ def run(cfg) -> dict:  # noqa: ANN001 - an OmegaConf DictConfig
     dropout = float(cfg.adapter.get("dropout", 0.0))
     adapter = ExitAdapter(target.hidden_size, cfg.adapter.width, cfg.adapter.num_blocks, context=context, dropout=dropout)
     ckpt = None
-    if cfg.checkpoint:  # outside out_dir: the artifact directory holds only the adapter
+    if cfg.checkpoint:  # outside out_dir: the artifact directory holds only the adapter; one per data size too
         tag = (f"w{cfg.adapter.width}_b{cfg.adapter.num_blocks}" + ("_ctx" if context else "")
                + (f"_ch{cfg.adapter.chain_prob}" if context and cfg.adapter.chain_prob else "")
-               + (f"_do{dropout}" if dropout else "") + f"_s{cfg.steps}_v{vocab.size if vocab else 0}")
+               + (f"_do{dropout}" if dropout else "") + f"_n{int(cfg.train_tokens)}_s{cfg.steps}_v{vocab.size if vocab else 0}")
         ckpt = cache_root / f"checkpoint_{tag}.pt"
     losses = train_adapter(target, adapter, train, cfg.steps, cfg.batch_tokens, cfg.lr, cfg.seed,
                            max_seconds=60 * cfg.train_minutes if cfg.train_minutes else None,
