@@ -53,11 +53,11 @@ def precompute_teacher(
     parts: list[dict[str, Tensor]] = []
     for start in range(0, blocks.shape[0], shard_blocks):
         shard = out_dir / f"shard_{start:06d}_{shard_blocks}.safetensors"
-        ids = blocks[start : start + shard_blocks].to(target.device)  # [b, T]
+        ids = blocks[start : start + shard_blocks]  # [b, T]
         cached = load_file(str(shard)) if shard.is_file() else {}
         # recompute when new, cached before prev was asked for, or a partial last shard of a shorter run
         if not all(k in cached for k in keys) or cached["hidden"].shape[0] != ids.numel():
-            out = target.model(ids, output_hidden_states=True)
+            out = target.model(ids.to(target.device), output_hidden_states=True)
             final = out.hidden_states[-1]  # [b, T, H] post-norm output of the last layer
             prev = torch.cat([torch.zeros_like(final[:, :1]), final[:, :-1]], dim=1)  # [b, T, H]
             values, idx = out.logits.float().flatten(0, 1).topk(top_k, dim=-1)  # [b*T, k]
@@ -274,7 +274,7 @@ def run(cfg) -> dict:  # noqa: ANN001 - an OmegaConf DictConfig
     before = agreement(target, None, held, vocab=vocab)
     log.info("untrained exit after layer %d: %s", cfg.exit_layer, before)
 
-    dropout = float(cfg.adapter.get("dropout", 0.0))
+    dropout = float(cfg.adapter.dropout)
     adapter = ExitAdapter(target.hidden_size, cfg.adapter.width, cfg.adapter.num_blocks, context=context, dropout=dropout)
     ckpt = None
     if cfg.checkpoint:  # outside out_dir: the artifact directory holds only the adapter; one per data size too
