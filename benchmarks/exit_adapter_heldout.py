@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 
 from specdraft.exit_adapter import VOCAB_FILE, load_adapter
 from specdraft.models import load_target
-from specdraft.train.early_exit import _load_blocks, agreement, precompute_teacher, teacher_cache_dir, train_sample
+from specdraft.train.early_exit import agreement, load_blocks, precompute_teacher, teacher_cache_dir, train_sample
 from specdraft.vocab import PrunedVocab
 
 CONF = Path(__file__).resolve().parents[1] / "conf/train_early_exit.yaml"
@@ -41,9 +41,9 @@ def main() -> None:
     cfg.exit_layer, cfg.sources = args.exit_layer, ["selfgen", "stdlib", "pydoc"]
     root = teacher_cache_dir(cfg)
     corpus = ["stdlib", "pydoc"]
-    held = precompute_teacher(target, _load_blocks(cfg, target, "eval", args.eval_tokens, corpus), args.exit_layer,
+    held = precompute_teacher(target, load_blocks(target.tokenizer, "eval", args.eval_tokens, corpus, cfg.block_size), args.exit_layer,
                               cfg.top_k, root / f"eval_stdlib+pydoc_{args.eval_tokens}", with_prev=True)
-    train = precompute_teacher(target, _load_blocks(cfg, target, "train", args.train_tokens), args.exit_layer,
+    train = precompute_teacher(target, load_blocks(target.tokenizer, "train", args.train_tokens, list(cfg.sources), cfg.block_size), args.exit_layer,
                                cfg.top_k, root / "train", with_prev=True)
     sample = train_sample(train, 8192, cfg.block_size)
     for directory in args.adapters:

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from specdraft.exit_adapter import ExitAdapter, exit_head, exit_hidden
 from specdraft.models import load_target
-from specdraft.train.early_exit import _load_blocks, distill_loss, teacher_cache_dir
+from specdraft.train.early_exit import distill_loss, load_blocks, teacher_cache_dir
 from specdraft.vocab import PrunedVocab
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,7 +78,7 @@ def main() -> None:
     for split, n in (("train", args.blocks), ("eval", 10**9)):
         cached = shards(root / split, T, n)
         tokens = (cached["hidden"].shape[0]) * T
-        blocks = _load_blocks(OmegaConf.merge(cfg, {"sources": ["stdlib", "pydoc"]}), target, split, tokens)
+        blocks = load_blocks(target.tokenizer, split, tokens, ["stdlib", "pydoc"], T)
         check = target.model(blocks[:1], output_hidden_states=True).hidden_states[args.exit_layer][0].half()
         if not torch.allclose(check.float(), cached["hidden"][0].float(), atol=2e-2, rtol=1e-2):
             raise ValueError("rebuilt blocks do not match the cached hidden states")

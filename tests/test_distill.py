@@ -14,12 +14,15 @@ from specdraft.target import TargetModel
 from specdraft.train.distill import (
     build_student,
     distill_loss,
+    exit_cache_examples,
     load_draft_artifact,
     lr_at,
     run,
+    teacher_examples,
     TrainSettings,
 )
 from specdraft.train.distill import selfgen_examples
+from specdraft.train.early_exit import precompute_teacher
 from specdraft.train.selfgen import build_prompts, generate_batch, load_selfgen_records
 
 
@@ -81,6 +84,35 @@ def test_recipe_without_data_is_a_clear_error(target_and_data: tuple, tmp_path: 
     target, _ = target_and_data
     with pytest.raises(ValueError, match="no training"):
         run(tiny_cfg(tmp_path, steps=1), target=target)
+
+
+def test_exit_cache_examples_equal_a_fresh_teacher_pass(target_and_data: tuple, tmp_path: Path) -> None:
+    """The corpus examples read from the early-exit recipe's teacher cache are what the distill
+    recipe's own teacher pass gives on the same blocks; a cache of another stream or a short cache
+    is a clear error."""
+    target, seqs = target_and_data
+    stream = seqs["train"]  # [20, 32]: the target's own greedy text (next token = its top-1)
+    precompute_teacher(target, stream, 1, top_k=8, out_dir=tmp_path / "train", shard_blocks=4)
+    examples = exit_cache_examples(stream, 3, tmp_path / "train")
+    fresh = teacher_examples(target, list(stream[3:]), [0] * 17, top_k=8)
+    assert len(examples) == len(fresh) == 17
+    for got, want in zip(examples, fresh):
+        assert torch.equal(got.ids, want.ids) and torch.equal(got.positions, want.positions)
+        assert torch.equal(got.topk_indices, want.topk_indices)
+        torch.testing.assert_close(got.topk_values.float(), want.topk_values.float(), atol=2e-2, rtol=1e-2)
+    other = torch.randint(0, target.vocab_size, stream.shape, generator=torch.Generator().manual_seed(5))
+    with pytest.raises(ValueError, match="does not match the token stream"):
+        exit_cache_examples(other, 3, tmp_path / "train")
+    with pytest.raises(ValueError, match="larger train_tokens"):
+        exit_cache_examples(torch.cat([stream, stream]), 3, tmp_path / "train")
+
+
+def test_selfgen_repeat_must_be_positive(target_and_data: tuple, tmp_path: Path) -> None:
+    target, _ = target_and_data
+    cfg = tiny_cfg(tmp_path, steps=1)
+    cfg["data"]["selfgen_repeat"] = 0
+    with pytest.raises(ValueError, match="selfgen_repeat"):
+        run(cfg, target=target)
 
 
 def test_distill_loss_is_cross_entropy_on_the_subset() -> None:

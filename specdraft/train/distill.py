@@ -203,6 +203,50 @@ def selfgen_examples(records: list[dict], cache_dir: str | Path | None, max_len:
     return examples, missing
 
 
+def exit_cache_stream(tokenizer: object, sources: Sequence[str], block_size: int, corpus_tokens: int) -> tuple[Tensor, int]:
+    """The token stream [N, T] that `specdraft-train-early-exit` cached for `sources` (the target's
+    answers first when "selfgen" is among them, then the corpus), long enough to hold corpus_tokens
+    of corpus text after the answers, and the index of its first block with no answer token."""
+    from specdraft.train.early_exit import load_blocks
+    from specdraft.train.selfgen import load_selfgen_sequences
+
+    answers = sum(len(ids) for ids, _ in load_selfgen_sequences("train")) if "selfgen" in sources else 0
+    first = -(-answers // block_size)  # ceil
+    n = corpus_tokens // block_size
+    if n == 0:
+        raise ValueError(f"data.corpus_tokens={corpus_tokens} is less than one block of {block_size}; raise it.")
+    stream = load_blocks(tokenizer, "train", (first + n) * block_size, list(sources), block_size)
+    if stream.shape[0] < first + n:
+        raise ValueError(f"the corpus has {(stream.shape[0] - first) * block_size} training tokens after the answers, "
+                         f"fewer than data.corpus_tokens={corpus_tokens}; lower it.")
+    return stream, first
+
+
+def exit_cache_examples(stream: Tensor, first: int, cache_dir: str | Path) -> list[Example]:
+    """Examples for the blocks stream[first:] ([N, T]) whose teacher top-k is read from the
+    `precompute_teacher` cache of `stream` (the early-exit recipe's `train/` shards) instead of a
+    new teacher pass: that recipe keeps the same target's top-k for every position.
+
+    The cache stores no token ids, so the stream is checked against it: the next token must be
+    among the cached top-k at most positions (a cache of another stream scores near 0)."""
+    from specdraft.train.early_exit import cached_top_k
+
+    n_all, block_size = stream.shape
+    values, ids = cached_top_k(Path(cache_dir).expanduser(), n_all, block_size)  # [n_all * T, k]
+    values = values.view(n_all, block_size, -1)[first:]  # [N, T, k]
+    ids = ids.view(n_all, block_size, -1)[first:]  # [N, T, k]
+    blocks = stream[first:]  # [N, T]
+    hit = (ids[:, :-1] == blocks[:, 1:, None]).any(-1).float().mean().item()  # next token in the top-k
+    if hit < 0.5:
+        raise ValueError(
+            f"the teacher cache {str(cache_dir)!r} does not match the token stream: the next token is among its "
+            f"top-k at only {hit:.1%} of positions; set data.exit_cache_sources to the sources the cache was made "
+            "from (its directory name lists them), with the same target and block size."
+        )
+    pos = torch.arange(block_size)
+    return [Example(blocks[i], pos, values[i], ids[i]) for i in range(blocks.shape[0])]
+
+
 def _cached(cache_dir: str | None, name: str, compute):  # noqa: ANN001, ANN202
     """compute() once and keep the result in cache_dir/name (None = no cache)."""
     if cache_dir is None:
@@ -455,13 +499,15 @@ def run(cfg: dict, target: TargetModel | None = None) -> dict:
     eval_data: dict[str, tuple[list[Tensor], list[int]]] = {}
     vocab_tokens: list[Tensor] = []
     vocab_weights: list[float] = []
+    if int(d.get("selfgen_repeat", 1)) < 1:
+        raise ValueError(f"data.selfgen_repeat must be a whole number >= 1, got {d['selfgen_repeat']}; use data.selfgen=false to leave the answers out.")
     if d.get("selfgen"):
         recs = load_selfgen_records("train", d["selfgen"] if d["selfgen"] is not True else None)
         ex, missing = selfgen_examples(recs, d.get("selfgen_cache"), max_len)
         if missing:
             seqs = [torch.tensor(r["prompt_ids"] + r["completion_ids"])[:max_len] for r in missing]
             ex += teacher_examples(target, seqs, [len(r["prompt_ids"]) - 1 for r in missing], top_k, log_every=10)
-        train_ex += ex
+        train_ex += ex * int(d.get("selfgen_repeat", 1))  # weight the answers against a large corpus
         vocab_tokens += [e.ids for e in ex]
         vocab_weights += [float(v.get("selfgen_weight", 1.0))] * len(ex)
         ev_recs = load_selfgen_records("eval", d["selfgen"] if d["selfgen"] is not True else None)
@@ -476,9 +522,16 @@ def run(cfg: dict, target: TargetModel | None = None) -> dict:
         if tok is None:
             raise ValueError("corpus distillation needs the target's tokenizer; set data.corpus_tokens=0 or load a target with one.")
         bs = int(d["block_size"])
-        blocks = token_blocks(tok, corpus_documents("train", extra_files=d.get("extra_files") or ()), bs, int(d["corpus_tokens"]))
-        ex = _cached(d.get("teacher_cache"), f"corpus-{len(blocks)}x{bs}-top{top_k}.pt",
-                     lambda: teacher_examples(target, list(blocks), [0] * len(blocks), top_k, log_every=10))
+        if d.get("exit_cache"):  # reuse the early-exit recipe's teacher pass over the same corpus
+            if d.get("extra_files"):
+                raise ValueError("data.exit_cache reuses a cache of the built-in corpus; it cannot add data.extra_files "
+                                 "(set data.exit_cache=null to run the teacher on them).")
+            stream, first = exit_cache_stream(tok, list(d["exit_cache_sources"]), bs, int(d["corpus_tokens"]))
+            ex, blocks = exit_cache_examples(stream, first, d["exit_cache"]), stream[first:]
+        else:
+            blocks = token_blocks(tok, corpus_documents("train", extra_files=d.get("extra_files") or ()), bs, int(d["corpus_tokens"]))
+            ex = _cached(d.get("teacher_cache"), f"corpus-{len(blocks)}x{bs}-top{top_k}.pt",
+                         lambda: teacher_examples(target, list(blocks), [0] * len(blocks), top_k, log_every=10))
         train_ex += ex
         vocab_tokens.append(blocks)
         vocab_weights.append(1.0)
@@ -526,7 +579,8 @@ def run(cfg: dict, target: TargetModel | None = None) -> dict:
         "final_loss": next((h["loss"] for h in reversed(history) if "loss" in h), None),
         "held_out": final,
         "wall_minutes": round((time.time() - t0) / 60, 1),
-        "config": {k: cfg[k] for k in ("seed", "student", "vocab", "train") if k in cfg},
+        "config": {**{k: cfg[k] for k in ("seed", "student", "vocab", "train") if k in cfg},
+                   "data": {k: val for k, val in d.items() if k != "sequences"}},
         "history": [h for h in history if "loss" not in h],
     }
     out = Path(cfg["out_dir"])

@@ -202,14 +202,13 @@ def train_adapter(
     return losses
 
 
-def _load_blocks(cfg, target: TargetModel, split: str, max_tokens: int,  # noqa: ANN001
-                 sources: list[str] | None = None) -> Tensor:
-    """Token blocks [N, block_size] of one split of `sources` (default cfg.sources): "selfgen" (the
-    target's own answers, exact ids, specdraft.train.selfgen) first, then the specdraft.data corpus
-    sources."""
+def load_blocks(tokenizer: object, split: str, max_tokens: int, sources: list[str], block_size: int) -> Tensor:
+    """Token blocks [N, block_size] of one split of `sources`: "selfgen" (the target's own answers,
+    exact ids, specdraft.train.selfgen) first, then the specdraft.data corpus sources, as one
+    stream cut into blocks. A larger max_tokens gives the same blocks plus more (cache shards stay
+    valid)."""
     from specdraft.data import corpus_documents, token_blocks
 
-    sources = list(cfg.sources) if sources is None else sources
     corpus = [s for s in sources if s != "selfgen"]
     parts: list[Tensor] = []
     if "selfgen" in sources:
@@ -218,12 +217,35 @@ def _load_blocks(cfg, target: TargetModel, split: str, max_tokens: int,  # noqa:
         parts += [ids for ids, _ in load_selfgen_sequences(split)]
     if corpus:
         docs = corpus_documents(split, sources=corpus)
-        parts.append(token_blocks(target.tokenizer, docs, cfg.block_size, max_tokens=max_tokens).flatten())
+        parts.append(token_blocks(tokenizer, docs, block_size, max_tokens=max_tokens).flatten())
     ids = torch.cat(parts)[:max_tokens]  # [T]
-    n = ids.numel() // cfg.block_size
+    n = ids.numel() // block_size
     if n == 0:
-        raise ValueError(f"the {split} data has {ids.numel()} tokens, fewer than one block of {cfg.block_size}.")
-    return ids[: n * cfg.block_size].view(n, cfg.block_size)
+        raise ValueError(f"the {split} data has {ids.numel()} tokens, fewer than one block of {block_size}.")
+    return ids[: n * block_size].view(n, block_size)
+
+
+def cached_top_k(out_dir: Path, n_blocks: int, block_size: int, shard_blocks: int = 4) -> tuple[Tensor, Tensor]:
+    """The teacher's top-k logits [n_blocks * T, k] float16 and ids [n_blocks * T, k] int64 of the
+    first n_blocks blocks of a `precompute_teacher` cache, read without its hidden states (other
+    recipes reuse the teacher pass: specdraft.train.distill)."""
+    from safetensors import safe_open
+
+    values, ids = [], []
+    for start in range(0, n_blocks, shard_blocks):
+        shard = out_dir / f"shard_{start:06d}_{shard_blocks}.safetensors"
+        if not shard.is_file():
+            raise ValueError(f"the teacher cache {str(out_dir)!r} has no shard for blocks from {start} (it needs "
+                             f"{n_blocks} blocks); run specdraft-train-early-exit with a larger train_tokens first.")
+        with safe_open(str(shard), framework="pt") as f:
+            values.append(f.get_tensor("top_logits"))
+            ids.append(f.get_tensor("top_ids").long())
+    n = n_blocks * block_size
+    values_all, ids_all = torch.cat(values), torch.cat(ids)  # [>= n, k]
+    if values_all.shape[0] < n:
+        raise ValueError(f"the teacher cache {str(out_dir)!r} holds {values_all.shape[0]} positions, fewer than the "
+                         f"{n} asked for; run specdraft-train-early-exit with a larger train_tokens first.")
+    return values_all[:n], ids_all[:n]
 
 
 def train_sample(train: dict[str, Tensor], tokens: int, block_size: int) -> dict[str, Tensor]:
@@ -263,11 +285,11 @@ def run(cfg) -> dict:  # noqa: ANN001 - an OmegaConf DictConfig
         raise ValueError(f"exit_layer must be in [1, {layers - 1}] for this target, got {cfg.exit_layer}.")
     cache_root = teacher_cache_dir(cfg)
     context = bool(cfg.adapter.context)
-    train_blocks = _load_blocks(cfg, target, "train", cfg.train_tokens)
+    train_blocks = load_blocks(target.tokenizer, "train", cfg.train_tokens, list(cfg.sources), cfg.block_size)
     train = precompute_teacher(target, train_blocks, cfg.exit_layer, cfg.top_k, cache_root / "train", with_prev=context)
     groups = eval_groups(list(cfg.sources))
     held_by = {"+".join(g): precompute_teacher(
-        target, _load_blocks(cfg, target, "eval", cfg.eval_tokens, g), cfg.exit_layer, cfg.top_k,
+        target, load_blocks(target.tokenizer, "eval", cfg.eval_tokens, g, cfg.block_size), cfg.exit_layer, cfg.top_k,
         cache_root / ("eval" if len(groups) == 1 else "eval_" + "+".join(g)), with_prev=context) for g in groups}
     held = {k: torch.cat([h[k] for h in held_by.values()]) for k in next(iter(held_by.values()))}
     vocab = PrunedVocab.load(cfg.draft_vocab) if cfg.draft_vocab else None
