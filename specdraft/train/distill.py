@@ -500,7 +500,8 @@ def run(cfg: dict, target: TargetModel | None = None) -> dict:
     vocab_tokens: list[Tensor] = []
     vocab_weights: list[float] = []
     if int(d.get("selfgen_repeat", 1)) < 1:
-        raise ValueError(f"data.selfgen_repeat must be a whole number >= 1, got {d['selfgen_repeat']}; use data.selfgen=false to leave the answers out.")
+        raise ValueError(f"data.selfgen_repeat must be a whole number >= 1, got {d['selfgen_repeat']}; "
+                         "use data.selfgen=false to leave the answers out.")
     if d.get("selfgen"):
         recs = load_selfgen_records("train", d["selfgen"] if d["selfgen"] is not True else None)
         ex, missing = selfgen_examples(recs, d.get("selfgen_cache"), max_len)
@@ -529,7 +530,8 @@ def run(cfg: dict, target: TargetModel | None = None) -> dict:
             stream, first = exit_cache_stream(tok, list(d["exit_cache_sources"]), bs, int(d["corpus_tokens"]))
             ex, blocks = exit_cache_examples(stream, first, d["exit_cache"]), stream[first:]
         else:
-            blocks = token_blocks(tok, corpus_documents("train", extra_files=d.get("extra_files") or ()), bs, int(d["corpus_tokens"]))
+            docs = corpus_documents("train", extra_files=d.get("extra_files") or ())
+            blocks = token_blocks(tok, docs, bs, int(d["corpus_tokens"]))
             ex = _cached(d.get("teacher_cache"), f"corpus-{len(blocks)}x{bs}-top{top_k}.pt",
                          lambda: teacher_examples(target, list(blocks), [0] * len(blocks), top_k, log_every=10))
         train_ex += ex
