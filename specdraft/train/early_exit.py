@@ -14,7 +14,7 @@ resumable (cache shards, training checkpoints), so a killed background job loses
 target's final-layer hidden state of the position before, cached with the rest.
 
     specdraft-train-early-exit exit_layer=6 adapter.context=true "sources=[selfgen,stdlib,pydoc]" \
-        train_tokens=1600000 steps=40000 train_minutes=35 threads=2 \
+        train_tokens=3200000 steps=60000 train_minutes=35 threads=2 \
         draft_vocab=specdraft/artifacts/smollm2-135m/draft/pruned_vocab.json out_dir=specdraft/artifacts/smollm2-135m/early_exit
 """
 
