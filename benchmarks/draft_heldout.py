@@ -21,7 +21,7 @@ import torch
 
 from specdraft.data import corpus_documents, token_blocks
 from specdraft.models import load_target
-from specdraft.train.distill import evaluate, load_draft_artifact, make_eval_set
+from specdraft.train.distill import answer_sequences, evaluate, load_draft_artifact, make_eval_set
 from specdraft.train.selfgen import load_selfgen_records
 
 
@@ -40,8 +40,7 @@ def main() -> None:
     records = records[: args.eval_selfgen] if args.eval_selfgen else records
     sets = {
         "corpus": (list(blocks), [0] * len(blocks)),
-        "selfgen": ([torch.tensor(r["prompt_ids"] + r["completion_ids"])[: args.max_len] for r in records],
-                    [len(r["prompt_ids"]) - 1 for r in records]),
+        "selfgen": answer_sequences(records, args.max_len),
     }
     results = {}
     for directory in args.drafts:

@@ -41,10 +41,11 @@ def main() -> None:
     cfg.exit_layer, cfg.sources = args.exit_layer, ["selfgen", "stdlib", "pydoc"]
     root = teacher_cache_dir(cfg)
     corpus = ["stdlib", "pydoc"]
-    held = precompute_teacher(target, load_blocks(target.tokenizer, "eval", args.eval_tokens, corpus, cfg.block_size), args.exit_layer,
-                              cfg.top_k, root / f"eval_stdlib+pydoc_{args.eval_tokens}", with_prev=True)
-    train = precompute_teacher(target, load_blocks(target.tokenizer, "train", args.train_tokens, list(cfg.sources), cfg.block_size), args.exit_layer,
-                               cfg.top_k, root / "train", with_prev=True)
+    held_blocks = load_blocks(target.tokenizer, "eval", args.eval_tokens, corpus, cfg.block_size)  # [N, T]
+    held = precompute_teacher(target, held_blocks, args.exit_layer, cfg.top_k,
+                              root / f"eval_stdlib+pydoc_{args.eval_tokens}", with_prev=True)
+    train_blocks = load_blocks(target.tokenizer, "train", args.train_tokens, list(cfg.sources), cfg.block_size)  # [N, T]
+    train = precompute_teacher(target, train_blocks, args.exit_layer, cfg.top_k, root / "train", with_prev=True)
     sample = train_sample(train, 8192, cfg.block_size)
     for directory in args.adapters:
         adapter, _ = load_adapter(directory)

@@ -105,6 +105,10 @@ def test_exit_cache_examples_equal_a_fresh_teacher_pass(target_and_data: tuple, 
         exit_cache_examples(other, 3, tmp_path / "train")
     with pytest.raises(ValueError, match="larger train_tokens"):
         exit_cache_examples(torch.cat([stream, stream]), 3, tmp_path / "train")
+    precompute_teacher(target, stream[:18], 1, top_k=8, out_dir=tmp_path / "short", shard_blocks=4)  # last shard: 2 blocks
+    with pytest.raises(ValueError, match="no complete shard for blocks from 16"):
+        exit_cache_examples(stream, 3, tmp_path / "short")
+    assert len(exit_cache_examples(stream[:18], 3, tmp_path / "short")) == 15
 
 
 def test_selfgen_repeat_must_be_positive(target_and_data: tuple, tmp_path: Path) -> None:

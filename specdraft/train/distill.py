@@ -247,6 +247,13 @@ def exit_cache_examples(stream: Tensor, first: int, cache_dir: str | Path) -> li
     return [Example(blocks[i], pos, values[i], ids[i]) for i in range(blocks.shape[0])]
 
 
+def answer_sequences(records: list[dict], max_len: int) -> tuple[list[Tensor], list[int]]:
+    """Self-generated records as token sequences [T] (prompt + answer, cut at max_len) and the
+    position of each one's first answer prediction (the last prompt token)."""
+    return ([torch.tensor(r["prompt_ids"] + r["completion_ids"])[:max_len] for r in records],
+            [len(r["prompt_ids"]) - 1 for r in records])
+
+
 def _cached(cache_dir: str | None, name: str, compute):  # noqa: ANN001, ANN202
     """compute() once and keep the result in cache_dir/name (None = no cache)."""
     if cache_dir is None:
@@ -499,24 +506,21 @@ def run(cfg: dict, target: TargetModel | None = None) -> dict:
     eval_data: dict[str, tuple[list[Tensor], list[int]]] = {}
     vocab_tokens: list[Tensor] = []
     vocab_weights: list[float] = []
-    if int(d.get("selfgen_repeat", 1)) < 1:
-        raise ValueError(f"data.selfgen_repeat must be a whole number >= 1, got {d['selfgen_repeat']}; "
+    repeat = int(d.get("selfgen_repeat", 1))
+    if repeat < 1:
+        raise ValueError(f"data.selfgen_repeat must be a whole number >= 1, got {repeat}; "
                          "use data.selfgen=false to leave the answers out.")
     if d.get("selfgen"):
         recs = load_selfgen_records("train", d["selfgen"] if d["selfgen"] is not True else None)
         ex, missing = selfgen_examples(recs, d.get("selfgen_cache"), max_len)
         if missing:
-            seqs = [torch.tensor(r["prompt_ids"] + r["completion_ids"])[:max_len] for r in missing]
-            ex += teacher_examples(target, seqs, [len(r["prompt_ids"]) - 1 for r in missing], top_k, log_every=10)
-        train_ex += ex * int(d.get("selfgen_repeat", 1))  # weight the answers against a large corpus
+            ex += teacher_examples(target, *answer_sequences(missing, max_len), top_k, log_every=10)
+        train_ex += ex * repeat  # weight the answers against a large corpus
         vocab_tokens += [e.ids for e in ex]
         vocab_weights += [float(v.get("selfgen_weight", 1.0))] * len(ex)
         ev_recs = load_selfgen_records("eval", d["selfgen"] if d["selfgen"] is not True else None)
         ev_recs = ev_recs[: int(d["eval_selfgen"])]
-        eval_data["selfgen"] = (
-            [torch.tensor(r["prompt_ids"] + r["completion_ids"])[:max_len] for r in ev_recs],
-            [len(r["prompt_ids"]) - 1 for r in ev_recs],
-        )
+        eval_data["selfgen"] = answer_sequences(ev_recs, max_len)
         print(f"[distill] self-distillation: {len(ex)} answers, {sum(len(e.positions) for e in ex)} positions", flush=True)
     if int(d["corpus_tokens"]) > 0:
         tok = target.tokenizer

@@ -38,6 +38,11 @@ from specdraft.vocab import PrunedVocab
 log = logging.getLogger(__name__)
 
 # ------------------------------------------------------------------------------ teacher cache
+def _shard_path(out_dir: Path, start: int, shard_blocks: int) -> Path:
+    """The cache file of blocks start .. start + shard_blocks - 1 (written by precompute_teacher)."""
+    return out_dir / f"shard_{start:06d}_{shard_blocks}.safetensors"
+
+
 @torch.inference_mode()
 def precompute_teacher(
     target: TargetModel, blocks: Tensor, exit_layer: int, top_k: int, out_dir: Path, shard_blocks: int = 4,
@@ -52,7 +57,7 @@ def precompute_teacher(
     keys = ("hidden", "top_logits", "top_ids") + (("prev",) if with_prev else ())
     parts: list[dict[str, Tensor]] = []
     for start in range(0, blocks.shape[0], shard_blocks):
-        shard = out_dir / f"shard_{start:06d}_{shard_blocks}.safetensors"
+        shard = _shard_path(out_dir, start, shard_blocks)
         ids = blocks[start : start + shard_blocks]  # [b, T]
         cached = load_file(str(shard)) if shard.is_file() else {}
         # recompute when new, cached before prev was asked for, or a partial last shard of a shorter run
@@ -233,19 +238,18 @@ def cached_top_k(out_dir: Path, n_blocks: int, block_size: int, shard_blocks: in
 
     values, ids = [], []
     for start in range(0, n_blocks, shard_blocks):
-        shard = out_dir / f"shard_{start:06d}_{shard_blocks}.safetensors"
+        shard = _shard_path(out_dir, start, shard_blocks)
+        rows = min(shard_blocks, n_blocks - start) * block_size  # the positions wanted from this shard
+        short = ValueError(f"the teacher cache {str(out_dir)!r} has no complete shard for blocks from {start} (it "
+                           f"needs {n_blocks} blocks); run specdraft-train-early-exit with a larger train_tokens first.")
         if not shard.is_file():
-            raise ValueError(f"the teacher cache {str(out_dir)!r} has no shard for blocks from {start} (it needs "
-                             f"{n_blocks} blocks); run specdraft-train-early-exit with a larger train_tokens first.")
+            raise short
         with safe_open(str(shard), framework="pt") as f:
-            values.append(f.get_tensor("top_logits"))
-            ids.append(f.get_tensor("top_ids").long())
-    n = n_blocks * block_size
-    values_all, ids_all = torch.cat(values), torch.cat(ids)  # [>= n, k]
-    if values_all.shape[0] < n:
-        raise ValueError(f"the teacher cache {str(out_dir)!r} holds {values_all.shape[0]} positions, fewer than the "
-                         f"{n} asked for; run specdraft-train-early-exit with a larger train_tokens first.")
-    return values_all[:n], ids_all[:n]
+            if f.get_slice("top_ids").get_shape()[0] < rows:  # a partial last shard of a shorter run
+                raise short
+            values.append(f.get_tensor("top_logits")[:rows])
+            ids.append(f.get_tensor("top_ids")[:rows].long())
+    return torch.cat(values), torch.cat(ids)
 
 
 def train_sample(train: dict[str, Tensor], tokens: int, block_size: int) -> dict[str, Tensor]:
