@@ -203,6 +203,21 @@ def selfgen_examples(records: list[dict], cache_dir: str | Path | None, max_len:
     return examples, missing
 
 
+def cache_selfgen_topk(target: TargetModel, records: list[dict], cache_dir: str | Path, top_k: int) -> Path:
+    """Run the teacher over self-generated records whose top-k was not captured during generation
+    and save it to cache_dir in the generation-time shard format ({id: (values [n, k] float16,
+    indices [n, k] int32)}, one row per answer token), so the next run reads it instead."""
+    order = sorted(records, key=lambda r: len(r["prompt_ids"]) + len(r["completion_ids"]))  # less padding
+    seqs, starts = answer_sequences(order, max_len=max(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in order))
+    examples = teacher_examples(target, seqs, starts, top_k, log_every=10)
+    shard = {r["id"]: (e.topk_values[: len(r["completion_ids"])], e.topk_indices[: len(r["completion_ids"])].int())
+             for r, e in zip(order, examples, strict=True)}
+    path = Path(cache_dir) / f"topk-teacher-{len(list(Path(cache_dir).glob('topk-*.pt'))):06d}.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(shard, path)
+    return path
+
+
 def exit_cache_stream(tokenizer: object, sources: Sequence[str], block_size: int, corpus_tokens: int) -> tuple[Tensor, int]:
     """The token stream [N, T] that `specdraft-train-early-exit` cached for `sources` (the target's
     answers first when "selfgen" is among them, then the corpus), long enough to hold corpus_tokens
@@ -277,6 +292,21 @@ def distill_loss(sub_logits: Tensor, topk_values: Tensor, topk_sub: Tensor) -> T
     p = torch.softmax(topk_values.float(), dim=-1) * (topk_sub >= 0)  # [N, k]
     logq = torch.log_softmax(sub_logits.float(), dim=-1).gather(-1, topk_sub.clamp(min=0))  # [N, k]
     return -(p * logq).sum(-1).mean()
+
+
+def argmax_loss(sub_logits: Tensor, topk_sub: Tensor) -> Tensor:
+    """Mean cross-entropy of the student's subset distribution at the teacher's argmax (the first
+    of its top-k), over positions where that token is in the subset: a hard-label term that
+    favours greedy agreement over the rest of the distribution.
+
+    sub_logits: [N, M] student logits over the subset; topk_sub: [N, k] subset index of each
+    teacher token, sorted by teacher logit, -1 outside the subset.
+    """
+    top1 = topk_sub[:, 0]  # [N]
+    keep = top1 >= 0
+    if not bool(keep.any()):
+        return sub_logits.sum() * 0.0
+    return torch.nn.functional.cross_entropy(sub_logits[keep].float(), top1[keep])
 
 
 @dataclass(frozen=True)
@@ -376,6 +406,11 @@ class TrainSettings:
     ckpt_every: int = 25
     max_minutes: float | None = None
     seed: int = 0
+    hard_weight: float = 0.0  # weight of `argmax_loss` added to the KL term (0 = pure distillation)
+
+    def __post_init__(self) -> None:
+        if self.hard_weight < 0:
+            raise ValueError(f"train.hard_weight must be >= 0 (0 = pure distillation), got {self.hard_weight}.")
 
 
 def lr_at(step: int, s: TrainSettings, elapsed_s: float = 0.0) -> float:
@@ -430,6 +465,8 @@ def train_student(
         hidden = student.model(input_ids=ids, use_cache=False).last_hidden_state  # [B, T, H]
         sub_logits = hidden[where[:, 0], where[:, 1]] @ head.T  # [N, M]
         loss = distill_loss(sub_logits, vals, subs)
+        if settings.hard_weight:
+            loss = loss + settings.hard_weight * argmax_loss(sub_logits, subs)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -510,9 +547,16 @@ def run(cfg: dict, target: TargetModel | None = None) -> dict:
     if repeat < 1:
         raise ValueError(f"data.selfgen_repeat must be a whole number >= 1, got {repeat}; "
                          "use data.selfgen=false to leave the answers out.")
+    if int(d.get("copy_chats", 0)) and (target.tokenizer is None or not d.get("selfgen")):
+        raise ValueError("data.copy_chats repeats the target's answers in its chat template: it needs data.selfgen "
+                         "and the target's tokenizer; set data.copy_chats=0.")
     if d.get("selfgen"):
         recs = load_selfgen_records("train", d["selfgen"] if d["selfgen"] is not True else None)
         ex, missing = selfgen_examples(recs, d.get("selfgen_cache"), max_len)
+        if missing and d.get("selfgen_cache"):  # a fresh machine: one teacher pass, kept for the next run
+            print(f"[distill] teacher top-{top_k} for {len(missing)} answers -> "
+                  f"{cache_selfgen_topk(target, missing, d['selfgen_cache'], top_k)}", flush=True)
+            ex, missing = selfgen_examples(recs, d["selfgen_cache"], max_len)
         if missing:
             ex += teacher_examples(target, *answer_sequences(missing, max_len), top_k, log_every=10)
         train_ex += ex * repeat  # weight the answers against a large corpus
@@ -522,6 +566,18 @@ def run(cfg: dict, target: TargetModel | None = None) -> dict:
         ev_recs = ev_recs[: int(d["eval_selfgen"])]
         eval_data["selfgen"] = answer_sequences(ev_recs, max_len)
         print(f"[distill] self-distillation: {len(ex)} answers, {sum(len(e.positions) for e in ex)} positions", flush=True)
+        copies = int(d.get("copy_chats", 0))
+        if copies:  # the answers asked for again: positions that reward copying from the context
+            from specdraft.train.copy_chats import copy_chat_sequences
+
+            cmax = int(d.get("copy_max_len", 640))
+            seqs, starts = copy_chat_sequences(recs, target.tokenizer, target.eos_token_ids, copies, cmax, int(cfg["seed"]))
+            order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))  # batches of similar length: less padding
+            seqs, starts = [seqs[i] for i in order], [starts[i] for i in order]
+            ex = _cached(d.get("teacher_cache"), f"copy-{len(seqs)}x{cmax}-seed{cfg['seed']}-top{top_k}.pt",
+                         lambda: teacher_examples(target, seqs, starts, top_k, log_every=10))
+            train_ex += ex
+            print(f"[distill] copy chats: {len(ex)} repeated answers, {sum(len(e.positions) for e in ex)} positions", flush=True)
     if int(d["corpus_tokens"]) > 0:
         tok = target.tokenizer
         if tok is None:
