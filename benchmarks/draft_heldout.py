@@ -8,8 +8,10 @@ draft scored on the same positions.
 
 The corpus set is the first --eval-corpus-tokens of the recipe's held-out stream (so it contains
 the recipe's own `data.eval_corpus_tokens`); the answers are the first --eval-selfgen held-out
-records (all 118 by default; the recipe's `data.eval_selfgen` are the first 12). Each draft is scored over its own
-pruned vocabulary (q is zero outside it), as it drafts.
+records (all 118 by default; the recipe's `data.eval_selfgen` are the first 12); with --copy-chats N
+also on N copy chats made of held-out answers (`specdraft.train.copy_chats`: the answer asked for
+again; scored on the repeated answer), which measures whether a draft copies from its context. Each
+draft is scored over its own pruned vocabulary (q is zero outside it), as it drafts.
 """
 
 from __future__ import annotations
@@ -21,8 +23,12 @@ import torch
 
 from specdraft.data import corpus_documents, token_blocks
 from specdraft.models import load_target
+from specdraft.train.copy_chats import copy_chat_sequences
 from specdraft.train.distill import answer_sequences, evaluate, load_draft_artifact, make_eval_set
 from specdraft.train.selfgen import load_selfgen_records
+
+
+TITLES = {"corpus": "held-out stdlib/pydoc", "selfgen": "held-out answers", "copy": "held-out copy chats"}
 
 
 def main() -> None:
@@ -32,6 +38,7 @@ def main() -> None:
     ap.add_argument("--eval-selfgen", type=int, default=0, help="0 = all held-out answers")
     ap.add_argument("--max-len", type=int, default=320, help="as the recipe's data.max_len")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--copy-chats", type=int, default=0, help="also score on this many held-out copy chats")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     target = load_target("smollm2-135m")
@@ -42,6 +49,8 @@ def main() -> None:
         "corpus": (list(blocks), [0] * len(blocks)),
         "selfgen": answer_sequences(records, args.max_len),
     }
+    if args.copy_chats:
+        sets["copy"] = copy_chat_sequences(records, target.tokenizer, target.eos_token_ids, args.copy_chats, 640)
     results = {}
     for directory in args.drafts:
         student, vocab = load_draft_artifact(directory, target.model)
@@ -49,12 +58,11 @@ def main() -> None:
         results[directory] = {name: evaluate(student, head, vocab, make_eval_set(target, seqs, starts, vocab))
                               for name, (seqs, starts) in sets.items()}
         print(json.dumps({directory: results[directory]}), flush=True)
-    print("| draft | held-out stdlib/pydoc top-1 / sum min(p,q) | held-out answers top-1 / sum min(p,q) |")
-    print("|---|---|---|")
+    print("| draft | " + " | ".join(f"{TITLES[name]} top-1 / sum min(p,q)" for name in sets) + " |")
+    print("|---|" + "---|" * len(sets))
     for directory, r in results.items():
-        c, s = r["corpus"], r["selfgen"]
-        print(f"| {directory} | {c['greedy_agreement']:.3f} / {c['expected_acceptance']:.3f} ({c['positions']} positions) "
-              f"| {s['greedy_agreement']:.3f} / {s['expected_acceptance']:.3f} ({s['positions']} positions) |")
+        cells = [f"{r[n]['greedy_agreement']:.3f} / {r[n]['expected_acceptance']:.3f} ({r[n]['positions']} positions)" for n in sets]
+        print(f"| {directory} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

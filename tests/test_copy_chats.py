@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdraft.models import load_tokenizer
+from specdraft.models import load_tokenizer, tiny_random_target
 from specdraft.train.copy_chats import REQUESTS, copy_chat_sequences, request_turn
 from specdraft.train.distill import run
 from specdraft.train.selfgen import load_selfgen_records
 from specdraft.train.selfgen_prompts import suite_user_texts
-from tests.test_distill import target_and_data, tiny_cfg  # noqa: F401 - a fixture
+from tests.test_distill import tiny_cfg
 
 
 def test_no_request_is_a_suite_user_text() -> None:
@@ -33,8 +33,8 @@ def test_bad_inputs_are_clear_errors() -> None:
         copy_chat_sequences([], _NoVerbatimTemplate(), [2], -1, 100)
 
 
-def test_recipe_refuses_copy_chats_without_a_tokenizer(target_and_data: tuple, tmp_path: Path) -> None:  # noqa: F811
-    target, _ = target_and_data
+def test_recipe_refuses_copy_chats_without_a_tokenizer(tmp_path: Path) -> None:
+    target = tiny_random_target(vocab_size=64, seed=1, num_layers=1)  # no tokenizer
     cfg = tiny_cfg(tmp_path, steps=1)
     cfg["data"].update(selfgen=True, copy_chats=4)
     with pytest.raises(ValueError, match="copy_chats repeats the target.s answers"):

@@ -21,7 +21,7 @@ from specdraft.train.distill import (
     teacher_examples,
     TrainSettings,
 )
-from specdraft.train.distill import argmax_loss, cache_selfgen_topk, selfgen_examples
+from specdraft.train.distill import cache_selfgen_topk, selfgen_examples
 from specdraft.train.early_exit import precompute_teacher
 from specdraft.train.selfgen import build_prompts, generate_batch, load_selfgen_records
 
@@ -174,27 +174,6 @@ def test_selfgen_loader_errors(tmp_path: Path) -> None:
         load_selfgen_records("test")
     with pytest.raises(ValueError, match="does not exist"):
         load_selfgen_records("train", tmp_path / "none.jsonl")
-
-
-def test_argmax_loss_is_cross_entropy_at_the_teachers_top1() -> None:
-    student = torch.tensor([[2.0, 0.0, -1.0], [0.0, 1.0, 0.0]])  # [N=2, M=3]
-    subs = torch.tensor([[2, 0], [-1, 1]])  # row 1's argmax is outside the subset: ignored
-    expected = -torch.log_softmax(student[0], -1)[2]
-    torch.testing.assert_close(argmax_loss(student, subs), expected)
-    assert argmax_loss(student, torch.tensor([[-1, 0], [-1, 1]])).item() == 0.0
-    with pytest.raises(ValueError, match="hard_weight"):
-        TrainSettings(hard_weight=-1.0)
-
-
-def test_hard_weight_trains(target_and_data: tuple, tmp_path: Path) -> None:
-    target, seqs = target_and_data
-    cfg = tiny_cfg(tmp_path, steps=10)
-    cfg["data"]["sequences"] = [seqs]
-    cfg["train"]["hard_weight"] = 1.0
-    plain = run({**tiny_cfg(tmp_path / "plain", steps=10), "data": cfg["data"]}, target=target)
-    hard = run(cfg, target=target)
-    assert hard["final_loss"] > plain["final_loss"]  # the extra term is in the logged loss
-    assert hard["held_out"]["sequences"]["greedy_agreement"] >= 0.0
 
 
 def test_missing_selfgen_topk_is_computed_once_and_cached(target_and_data: tuple, tmp_path: Path) -> None:

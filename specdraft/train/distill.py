@@ -294,21 +294,6 @@ def distill_loss(sub_logits: Tensor, topk_values: Tensor, topk_sub: Tensor) -> T
     return -(p * logq).sum(-1).mean()
 
 
-def argmax_loss(sub_logits: Tensor, topk_sub: Tensor) -> Tensor:
-    """Mean cross-entropy of the student's subset distribution at the teacher's argmax (the first
-    of its top-k), over positions where that token is in the subset: a hard-label term that
-    favours greedy agreement over the rest of the distribution.
-
-    sub_logits: [N, M] student logits over the subset; topk_sub: [N, k] subset index of each
-    teacher token, sorted by teacher logit, -1 outside the subset.
-    """
-    top1 = topk_sub[:, 0]  # [N]
-    keep = top1 >= 0
-    if not bool(keep.any()):
-        return sub_logits.sum() * 0.0
-    return torch.nn.functional.cross_entropy(sub_logits[keep].float(), top1[keep])
-
-
 @dataclass(frozen=True)
 class EvalSet:
     """Held-out positions with the teacher's exact p restricted to the subset.
@@ -406,11 +391,6 @@ class TrainSettings:
     ckpt_every: int = 25
     max_minutes: float | None = None
     seed: int = 0
-    hard_weight: float = 0.0  # weight of `argmax_loss` added to the KL term (0 = pure distillation)
-
-    def __post_init__(self) -> None:
-        if self.hard_weight < 0:
-            raise ValueError(f"train.hard_weight must be >= 0 (0 = pure distillation), got {self.hard_weight}.")
 
 
 def lr_at(step: int, s: TrainSettings, elapsed_s: float = 0.0) -> float:
@@ -465,8 +445,6 @@ def train_student(
         hidden = student.model(input_ids=ids, use_cache=False).last_hidden_state  # [B, T, H]
         sub_logits = hidden[where[:, 0], where[:, 1]] @ head.T  # [N, M]
         loss = distill_loss(sub_logits, vals, subs)
-        if settings.hard_weight:
-            loss = loss + settings.hard_weight * argmax_loss(sub_logits, subs)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
