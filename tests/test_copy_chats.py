@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,25 @@ def test_copy_chat_repeats_the_answer_after_a_request_in_the_chat_template() -> 
         assert any(q in request for q in REQUESTS) and request.endswith("<|im_start|>assistant\n")
     again, _ = copy_chat_sequences(records, tok, [2], count=10, max_len=400, seed=3)
     assert all(torch.equal(a, b) for a, b in zip(seqs, again, strict=True))  # seeded
+
+
+@pytest.mark.slow  # the default target's tokenizer on a tiny random model, ~15 s
+def test_recipe_trains_on_copy_chats_and_caches_their_teacher(tmp_path: Path) -> None:
+    target = tiny_random_target(vocab_size=49152, seed=0, tokenizer="smollm2-135m", hidden_size=16, num_layers=2)
+    def short(r: dict) -> bool:  # a copy chat fits the tiny model's 256 positions
+        return len(r["prompt_ids"]) + 2 * len(r["completion_ids"]) < 220
+
+    records = [r for split in ("train", "eval") for r in [r for r in load_selfgen_records(split) if short(r)][:3]]
+    path = tmp_path / "selfgen.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    cfg = tiny_cfg(tmp_path / "out", steps=3)
+    cfg["vocab"] = {"size": 512}
+    cfg["student"] = {"init_candidates": [[0]]}
+    cfg["data"].update(selfgen=str(path), eval_selfgen=3, copy_chats=2, copy_max_len=250,
+                       teacher_cache=str(tmp_path / "teacher"), max_len=250)
+    summary = run(cfg, target=target)
+    # a teacher pass scores every answer token and the position after the last one
+    lengths = [len(r["completion_ids"]) + 1 for r in records if r["split"] == "train"]
+    copied = summary["train_positions"] - sum(lengths)  # the answers' positions + the repeated answers'
+    assert copied in {sum(lengths) - n for n in lengths}  # two of the three answers, every token once more
+    assert len(list((tmp_path / "teacher").glob("copy-2-*.pt"))) == 1  # cached for the next run

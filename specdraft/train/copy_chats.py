@@ -3,12 +3,16 @@
 A small draft trained on the target's answers learns the answers' typical content, not how to look
 back: on a chat that repeats or edits an earlier assistant turn (a list shown again with an item
 added, an email made formal, the target's own loops) it predicts list items it memorised instead of
-the ones in the context (RESULTS §3m). Copying needs an induction mechanism that the target has and
-the draft's two layers do not; these sequences give it something to learn from: the conversation
-of a self-generated record, the target's answer, one more user turn that asks for that answer
-again (`REQUESTS`), and the same answer once more. The teacher's top-k is taken on the repeated
-answer only (the target copies it: 98-100% greedy agreement on the records checked), so the
-distillation target is still the target's own distribution, on inputs that reward copying.
+the ones in the context (RESULTS §3m). Copying needs an induction mechanism (find the earlier
+occurrence, copy what followed) that the target has and the draft did not learn; these sequences
+give it something to learn from: the conversation of a self-generated record, the target's answer,
+one more user turn that asks for that answer again (`REQUESTS`), and the same answer once more. The
+teacher's top-k is taken on the repeated answer only (on 4 records checked by hand the target's
+greedy choice was the copied token at 98-100% of the positions), so the distillation target is
+still the target's own distribution, on inputs that reward copying.
+
+Measured (RESULTS §3m): a 2-layer draft trained 40 minutes with 800 of them did not learn to copy
+(on held-out copy chats it agrees with the target no more often than on the answers themselves).
 
 No request is a built-in suite user text (tested); the answers come from the train split.
 """

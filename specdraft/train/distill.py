@@ -8,7 +8,9 @@ Recipe (DESIGN §8 measured that naive full-vocabulary KL is too slow on CPU):
    is evaluated untrained on the held-out split and the best expected acceptance wins.
 2. Teacher targets are cached ONCE as top-k logits per position: for the target's own greedy
    answers to chat-like prompts (self-distillation, `specdraft.train.selfgen`, captured during
-   generation) and for blocks of the offline corpus (one batched teacher forward).
+   generation, or by one teacher pass saved to the same cache) and for blocks of the offline corpus
+   (one batched teacher forward, or the early-exit recipe's cache: `data.exit_cache`); optionally
+   on "copy chats", the answers asked for again (`specdraft.train.copy_chats`, `data.copy_chats`).
 3. Loss: cross-entropy of the student's subset distribution against the teacher's top-k
    distribution (= KL(p||q) up to a constant, restricted to the tokens the student can emit).
 4. Evaluation on held-out data: greedy agreement (student argmax == teacher argmax) and expected
@@ -23,6 +25,7 @@ the shipped artifact: only the NEW weights (layers + norm, float16) + `pruned_vo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -552,7 +555,8 @@ def run(cfg: dict, target: TargetModel | None = None) -> dict:
             seqs, starts = copy_chat_sequences(recs, target.tokenizer, target.eos_token_ids, copies, cmax, int(cfg["seed"]))
             order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))  # batches of similar length: less padding
             seqs, starts = [seqs[i] for i in order], [starts[i] for i in order]
-            ex = _cached(d.get("teacher_cache"), f"copy-{len(seqs)}x{cmax}-seed{cfg['seed']}-top{top_k}.pt",
+            digest = hashlib.sha1(b"".join(q.numpy().tobytes() for q in seqs)).hexdigest()[:12]  # the exact chats
+            ex = _cached(d.get("teacher_cache"), f"copy-{len(seqs)}-{digest}-top{top_k}.pt",
                          lambda: teacher_examples(target, seqs, starts, top_k, log_every=10))
             train_ex += ex
             print(f"[distill] copy chats: {len(ex)} repeated answers, {sum(len(e.positions) for e in ex)} positions", flush=True)
