@@ -39,6 +39,7 @@ def main() -> None:
     ap.add_argument("--max-len", type=int, default=320, help="as the recipe's data.max_len")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--copy-chats", type=int, default=0, help="also score on this many held-out copy chats")
+    ap.add_argument("--copy-max-len", type=int, default=640, help="as the recipe's data.copy_max_len")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     target = load_target("smollm2-135m")
@@ -50,7 +51,8 @@ def main() -> None:
         "selfgen": answer_sequences(records, args.max_len),
     }
     if args.copy_chats:
-        sets["copy"] = copy_chat_sequences(records, target.tokenizer, target.eos_token_ids, args.copy_chats, 640)
+        sets["copy"] = copy_chat_sequences(records, target.tokenizer, target.eos_token_ids, args.copy_chats,
+                                             args.copy_max_len)
     results = {}
     for directory in args.drafts:
         student, vocab = load_draft_artifact(directory, target.model)

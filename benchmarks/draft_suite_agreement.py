@@ -20,7 +20,7 @@ import torch
 
 from specdraft.models import load_target
 from specdraft.suites import load_suite
-from specdraft.train.distill import load_draft_artifact
+from specdraft.train.distill import load_draft_artifact, student_sub_logits
 
 
 def main() -> None:
@@ -50,8 +50,8 @@ def main() -> None:
         per_prompt = []
         for pid, n0, seq in answers:
             with torch.inference_mode():
-                hidden = student.model(seq[None]).last_hidden_state[0]  # [T, H]
-            pred = vocab.ids[(hidden @ head.T).argmax(-1)][n0 - 1 : -1]  # [A] draft's guess for each answer token
+                sub = student_sub_logits(student, seq[None], head)[0]  # [T, M]
+            pred = vocab.ids[sub.argmax(-1)][n0 - 1 : -1]  # [A] draft's guess for each answer token
             truth = seq[n0:]  # [A]
             same = pred == truth
             hits, total = hits + int(same.sum()), total + len(truth)

@@ -161,28 +161,30 @@ def teacher_examples(
     target: TargetModel, sequences: Sequence[Tensor], starts: Sequence[int], top_k: int,
     batch_size: int = 8, log_every: int = 0,
 ) -> list[Example]:
-    """Teacher top-k logits at positions starts[i]..T-1 of every sequence (one batched forward per
-    batch of equal-length sequences; ragged sequences are right-padded, which causal attention
-    ignores for the real positions)."""
-    out: list[Example] = []
-    t0 = time.time()
-    for b in range(0, len(sequences), batch_size):
-        chunk = sequences[b : b + batch_size]
-        width = max(len(s) for s in chunk)
+    """Teacher top-k logits at positions starts[i]..T-1 of every sequence, returned in the input
+    order. One batched forward per batch of similar-length sequences (taken shortest first, so little
+    is padded); ragged sequences are right-padded, which causal attention ignores for the real
+    positions."""
+    out: list[Example | None] = [None] * len(sequences)
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    t0, n = time.time(), 0
+    for b in range(0, len(order), batch_size):
+        chunk = order[b : b + batch_size]
+        width = max(len(sequences[i]) for i in chunk)
         ids = torch.zeros((len(chunk), width), dtype=torch.long)  # [B, T]
-        for i, s in enumerate(chunk):
-            ids[i, : len(s)] = s
+        for row, i in enumerate(chunk):
+            ids[row, : len(sequences[i])] = sequences[i]
         target.reset()
         logits = target.forward(ids.to(target.device)).logits.float().cpu()  # [B, T, V]
         top = torch.topk(logits, top_k, dim=-1)
-        for i, s in enumerate(chunk):
-            pos = torch.arange(starts[b + i], len(s))
-            out.append(Example(s, pos, top.values[i, pos].half(), top.indices[i, pos]))
+        for row, i in enumerate(chunk):
+            pos = torch.arange(starts[i], len(sequences[i]))
+            out[i] = Example(sequences[i], pos, top.values[row, pos].half(), top.indices[row, pos])
+        n += sum(len(sequences[i]) for i in chunk)
         if log_every and (b // batch_size) % log_every == 0:
-            n = sum(len(s) for s in sequences[: b + len(chunk)])
-            print(f"[distill] teacher cache {b + len(chunk)}/{len(sequences)} seqs, {n / (time.time() - t0):.0f} tok/s", flush=True)
+            print(f"[distill] teacher cache {b + len(chunk)}/{len(order)} seqs, {n / (time.time() - t0):.0f} tok/s", flush=True)
     target.reset()
-    return out
+    return out  # type: ignore[return-value]  # every slot is filled
 
 
 def selfgen_examples(records: list[dict], cache_dir: str | Path | None, max_len: int) -> tuple[list[Example], list[dict]]:
@@ -210,11 +212,10 @@ def cache_selfgen_topk(target: TargetModel, records: list[dict], cache_dir: str 
     """Run the teacher over self-generated records whose top-k was not captured during generation
     and save it to cache_dir in the generation-time shard format ({id: (values [n, k] float16,
     indices [n, k] int32)}, one row per answer token), so the next run reads it instead."""
-    order = sorted(records, key=lambda r: len(r["prompt_ids"]) + len(r["completion_ids"]))  # less padding
-    seqs, starts = answer_sequences(order, max_len=max(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in order))
-    examples = teacher_examples(target, seqs, starts, top_k, log_every=10)
+    whole = max(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in records)  # nothing cut
+    examples = teacher_examples(target, *answer_sequences(records, whole), top_k, log_every=10)
     shard = {r["id"]: (e.topk_values[: len(r["completion_ids"])], e.topk_indices[: len(r["completion_ids"])].int())
-             for r, e in zip(order, examples, strict=True)}
+             for r, e in zip(records, examples, strict=True)}
     path = Path(cache_dir) / f"topk-teacher-{len(list(Path(cache_dir).glob('topk-*.pt'))):06d}.pt"
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(shard, path)
@@ -553,8 +554,6 @@ def run(cfg: dict, target: TargetModel | None = None) -> dict:
 
             cmax = int(d.get("copy_max_len", 640))
             seqs, starts = copy_chat_sequences(recs, target.tokenizer, target.eos_token_ids, copies, cmax, int(cfg["seed"]))
-            order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))  # batches of similar length: less padding
-            seqs, starts = [seqs[i] for i in order], [starts[i] for i in order]
             digest = hashlib.sha1(b"".join(q.numpy().tobytes() for q in seqs)).hexdigest()[:12]  # the exact chats
             ex = _cached(d.get("teacher_cache"), f"copy-{len(seqs)}-{digest}-top{top_k}.pt",
                          lambda: teacher_examples(target, seqs, starts, top_k, log_every=10))
