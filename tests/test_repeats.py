@@ -1,0 +1,72 @@
+"""Repeated random sequences (the synthetic copying task of the distillation recipe)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdraft.models import tiny_random_target
+from specdraft.train.distill import distill_loss, run
+from specdraft.train.repeats import repeat_examples, repeat_sequences, token_pool
+from specdraft.vocab import PrunedVocab
+from tests.test_distill import tiny_cfg
+
+
+def test_sequences_are_a_span_twice_from_the_pool_and_seeded() -> None:
+    pool = torch.tensor([5, 9, 11, 40])
+    seqs = repeat_sequences(pool, count=6, span=10, seed=3)
+    assert len(seqs) == 6
+    for s in seqs:
+        assert s.shape == (20,) and s.dtype == torch.long
+        assert torch.equal(s[:10], s[10:])
+        assert set(s.tolist()) <= set(pool.tolist())
+    again = repeat_sequences(pool, count=6, span=10, seed=3)
+    assert all(torch.equal(a, b) for a, b in zip(seqs, again))
+    other = repeat_sequences(pool, count=6, span=10, seed=4)
+    assert not all(torch.equal(a, b) for a, b in zip(seqs, other))
+
+
+def test_examples_train_the_second_copy_towards_the_copied_token() -> None:
+    vocab = PrunedVocab([3, 5, 9, 11, 40, 41], vocab_size=64)
+    pool = torch.tensor([5, 9, 11, 40])
+    (ex,) = repeat_examples(pool, count=1, span=6, top_k=4, seed=0)
+    assert ex.positions.tolist() == [6, 7, 8, 9, 10]  # second copy, except its last token
+    labels = ex.ids[ex.positions + 1]
+    assert torch.equal(labels, ex.ids[ex.positions + 1 - 6])  # the copied token
+    assert ex.topk_values.shape == ex.topk_indices.shape == (5, 4)
+    assert torch.equal(ex.topk_indices, labels[:, None].expand(-1, 4))
+    # the one-hot teacher makes the recipe's loss the cross-entropy of the copied token
+    student = torch.randn(5, vocab.size)  # [N, M]
+    expected = torch.nn.functional.cross_entropy(student, vocab.to_subset(labels))
+    torch.testing.assert_close(distill_loss(student, ex.topk_values, vocab.to_subset(ex.topk_indices)), expected)
+
+
+def test_pool_is_the_most_frequent_tokens_without_special_ones() -> None:
+    ids = torch.tensor([2, 7, 1, 8, 4, 6])  # frequency order, 2 = end of sequence
+    assert token_pool(ids, 3, exclude={2}).tolist() == [7, 1, 8]
+    assert token_pool(ids, 10, exclude={2, 4}).tolist() == [7, 1, 8, 6]
+
+
+def test_bad_arguments_are_clear_errors() -> None:
+    with pytest.raises(ValueError, match="count >= 0 and span >= 2"):
+        repeat_sequences(torch.tensor([1, 2]), count=-1, span=4, seed=0)
+    with pytest.raises(ValueError, match="span >= 2"):
+        repeat_sequences(torch.tensor([1, 2]), count=3, span=1, seed=0)
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        repeat_sequences(torch.tensor([1]), count=3, span=4, seed=0)
+
+
+def test_recipe_with_repeats_trains_on_them_and_evaluates_copying(tmp_path: Path) -> None:
+    target = tiny_random_target(vocab_size=64, seed=1, num_layers=3)
+    with torch.inference_mode():
+        seqs = target.model.generate(torch.arange(12)[:, None], max_new_tokens=23, min_new_tokens=23,
+                                     do_sample=False, pad_token_id=0)
+    cfg = tiny_cfg(tmp_path, steps=6)
+    cfg["data"].update({"sequences": [{"train": seqs[:10], "eval": seqs[10:]}], "repeats": 30, "repeat_span": 8,
+                        "repeat_pool": 20})
+    summary = run(cfg, target=target)
+    # 16 held-out sequences, scored at every position of the second copy (the last one predicts a[0] again)
+    assert summary["held_out"]["repeats"]["positions"] == 16 * 8
+    assert summary["train_positions"] == 10 * 24 + 30 * 7
