@@ -16,22 +16,24 @@ from tests.test_distill import tiny_cfg
 
 def test_sequences_are_a_span_twice_from_the_pool_and_seeded() -> None:
     pool = torch.tensor([5, 9, 11, 40])
-    seqs = repeat_sequences(pool, count=6, span=10, seed=3)
-    assert len(seqs) == 6
+    seqs = repeat_sequences(pool, count=40, min_span=4, max_span=12, seed=3)
+    assert len(seqs) == 40
     for s in seqs:
-        assert s.shape == (20,) and s.dtype == torch.long
-        assert torch.equal(s[:10], s[10:])
+        span = len(s) // 2
+        assert 4 <= span <= 12 and len(s) == 2 * span and s.dtype == torch.long
+        assert torch.equal(s[:span], s[span:])
         assert set(s.tolist()) <= set(pool.tolist())
-    again = repeat_sequences(pool, count=6, span=10, seed=3)
+    assert len({len(s) for s in seqs}) > 3  # the span varies: no fixed offset to copy from
+    again = repeat_sequences(pool, count=40, min_span=4, max_span=12, seed=3)
     assert all(torch.equal(a, b) for a, b in zip(seqs, again))
-    other = repeat_sequences(pool, count=6, span=10, seed=4)
+    other = repeat_sequences(pool, count=40, min_span=4, max_span=12, seed=4)
     assert not all(torch.equal(a, b) for a, b in zip(seqs, other))
 
 
 def test_examples_train_the_second_copy_towards_the_copied_token() -> None:
     vocab = PrunedVocab([3, 5, 9, 11, 40, 41], vocab_size=64)
     pool = torch.tensor([5, 9, 11, 40])
-    (ex,) = repeat_examples(pool, count=1, span=6, top_k=4, seed=0)
+    (ex,) = repeat_examples(pool, count=1, min_span=6, max_span=6, top_k=4, seed=0)
     assert ex.positions.tolist() == [6, 7, 8, 9, 10]  # second copy, except its last token
     labels = ex.ids[ex.positions + 1]
     assert torch.equal(labels, ex.ids[ex.positions + 1 - 6])  # the copied token
@@ -50,12 +52,14 @@ def test_pool_is_the_most_frequent_tokens_without_special_ones() -> None:
 
 
 def test_bad_arguments_are_clear_errors() -> None:
-    with pytest.raises(ValueError, match="count >= 0 and span >= 2"):
-        repeat_sequences(torch.tensor([1, 2]), count=-1, span=4, seed=0)
-    with pytest.raises(ValueError, match="span >= 2"):
-        repeat_sequences(torch.tensor([1, 2]), count=3, span=1, seed=0)
+    with pytest.raises(ValueError, match="count >= 0"):
+        repeat_sequences(torch.tensor([1, 2]), count=-1, min_span=4, max_span=4, seed=0)
+    with pytest.raises(ValueError, match="2 <= min_span <= max_span"):
+        repeat_sequences(torch.tensor([1, 2]), count=3, min_span=1, max_span=4, seed=0)
+    with pytest.raises(ValueError, match="2 <= min_span <= max_span"):
+        repeat_sequences(torch.tensor([1, 2]), count=3, min_span=8, max_span=4, seed=0)
     with pytest.raises(ValueError, match="at least 2 tokens"):
-        repeat_sequences(torch.tensor([1]), count=3, span=4, seed=0)
+        repeat_sequences(torch.tensor([1]), count=3, min_span=4, max_span=4, seed=0)
 
 
 def test_recipe_with_repeats_trains_on_them_and_evaluates_copying(tmp_path: Path) -> None:
@@ -64,8 +68,8 @@ def test_recipe_with_repeats_trains_on_them_and_evaluates_copying(tmp_path: Path
         seqs = target.model.generate(torch.arange(12)[:, None], max_new_tokens=23, min_new_tokens=23,
                                      do_sample=False, pad_token_id=0)
     cfg = tiny_cfg(tmp_path, steps=6)
-    cfg["data"].update({"sequences": [{"train": seqs[:10], "eval": seqs[10:]}], "repeats": 30, "repeat_span": 8,
-                        "repeat_pool": 20})
+    cfg["data"].update({"sequences": [{"train": seqs[:10], "eval": seqs[10:]}], "repeats": 30, "repeat_min_span": 8,
+                        "repeat_max_span": 8, "repeat_pool": 20})
     summary = run(cfg, target=target)
     # 16 held-out sequences, scored at every position of the second copy (the last one predicts a[0] again)
     assert summary["held_out"]["repeats"]["positions"] == 16 * 8

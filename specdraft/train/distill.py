@@ -600,11 +600,12 @@ def run(cfg: dict, target: TargetModel | None = None) -> dict:
     if repeats:  # synthetic copying (one-hot teacher) so that the draft forms an induction head
         from specdraft.train.repeats import repeat_examples, repeat_sequences, token_pool
 
-        span = int(d.get("repeat_span", 64))
+        spans = int(d.get("repeat_min_span", 16)), int(d.get("repeat_max_span", 96))
         pool = token_pool(vocab.ids, int(d.get("repeat_pool", 4000)), always)
-        train_ex += repeat_examples(pool, repeats, span, top_k, int(cfg["seed"]))
-        eval_data["repeats"] = (repeat_sequences(pool, 16, span, int(cfg["seed"]) + 1), [span] * 16)
-        print(f"[distill] repeated random sequences: {repeats} of 2 x {span} tokens from {pool.numel()} tokens", flush=True)
+        train_ex += repeat_examples(pool, repeats, *spans, top_k, int(cfg["seed"]))
+        ev_seqs = repeat_sequences(pool, 16, *spans, int(cfg["seed"]) + 1)
+        eval_data["repeats"] = (ev_seqs, [len(q) // 2 for q in ev_seqs])
+        print(f"[distill] repeated random sequences: {repeats} of 2 x {spans} tokens from {pool.numel()} tokens", flush=True)
     evals = {name: make_eval_set(target, seqs, starts, vocab) for name, (seqs, starts) in eval_data.items()}
     coverage = {name: round(vocab.coverage(ev.argmax), 4) for name, ev in evals.items()}
     print(f"[distill] pruned vocab {vocab.size}/{target.vocab_size} covers held-out teacher argmax: {coverage}", flush=True)
