@@ -74,3 +74,42 @@ def test_recipe_with_repeats_trains_on_them_and_evaluates_copying(tmp_path: Path
     # 16 held-out sequences, scored at every position of the second copy (the last one predicts a[0] again)
     assert summary["held_out"]["repeats"]["positions"] == 16 * 8
     assert summary["train_positions"] == 10 * 24 + 30 * 7
+
+
+def test_student_attention_implementation_can_be_switched() -> None:
+    """build_student's cloned layers read the student's config, so eager attention (which returns
+    attention weights, needed by the induction warm-up) reaches them."""
+    from specdraft.models import tiny_random_llama
+    from specdraft.train.distill import build_student
+
+    student = build_student(tiny_random_llama(num_layers=3), [0, 2])
+    student.set_attn_implementation("eager")
+    out = student(input_ids=torch.tensor([[1, 2, 3, 1, 2, 3]]), output_attentions=True, use_cache=False)
+    assert len(out.attentions) == 2 and out.attentions[0].shape[-2:] == (6, 6)
+
+
+def test_induction_warmup_supervises_two_heads_and_reports_copying(tmp_path: Path) -> None:
+    target = tiny_random_target(vocab_size=64, seed=1, num_layers=3)
+    with torch.inference_mode():
+        seqs = target.model.generate(torch.arange(12)[:, None], max_new_tokens=23, min_new_tokens=23,
+                                     do_sample=False, pad_token_id=0)
+    cfg = tiny_cfg(tmp_path, steps=3)
+    cfg["student"]["init_candidates"] = [[0, 2]]
+    cfg["data"].update({"sequences": [{"train": seqs[:10], "eval": seqs[10:]}], "induction_warmup_steps": 4,
+                        "repeat_min_span": 4, "repeat_max_span": 8, "repeat_pool": 20})
+    summary = run(cfg, target=target)
+    warm = summary["induction_warmup"]
+    assert warm["steps"] == 4 and 0.0 <= warm["copy_accuracy"] <= 1.0
+    assert warm["heads"]["previous_token"][0] == 0 and warm["heads"]["induction"][0] == 1
+    assert summary["train_steps"] == 3  # then the distillation as usual (sdpa again: it ran)
+
+
+def test_induction_warmup_needs_two_layers(tmp_path: Path) -> None:
+    target = tiny_random_target(vocab_size=64, seed=1, num_layers=3)
+    cfg = tiny_cfg(tmp_path, steps=1)
+    cfg["student"]["init_candidates"] = [[1]]
+    cfg["data"].update({"sequences": [{"train": torch.arange(40).view(2, 20), "eval": torch.arange(20).view(1, 20)}],
+                        "induction_warmup_steps": 2, "repeat_min_span": 4, "repeat_max_span": 8, "repeat_pool": 20})
+    with pytest.raises(ValueError, match="at least 2 layers"):
+        run(cfg, target=target)
+

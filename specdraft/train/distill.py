@@ -75,6 +75,7 @@ def build_student(target_model: PreTrainedModel, layer_ids: Sequence[int]) -> Ll
     for new_idx, i in enumerate(layer_ids):
         layer = _clone_module(target_model.model.layers[i])
         layer.self_attn.layer_idx = new_idx
+        layer.self_attn.config = student.config  # the clone's own config copy would ignore set_attn_implementation
         student.model.layers.append(layer)
     student.model.norm = _clone_module(target_model.model.norm)
     student.model.rotary_emb = _clone_module(target_model.model.rotary_emb)
@@ -508,6 +509,7 @@ def run(cfg: dict, target: TargetModel | None = None) -> dict:
     summary written to draft.json. `target` may be injected (tests use a tiny random one)."""
     from specdraft.data import corpus_documents, token_blocks
     from specdraft.models import load_target
+    from specdraft.train.repeats import induction_warmup, repeat_examples, repeat_sequences, token_pool
     from specdraft.train.selfgen import load_selfgen_records
     from specdraft.vocab import build_pruned_vocab
 
@@ -596,12 +598,10 @@ def run(cfg: dict, target: TargetModel | None = None) -> dict:
     always = list(target.eos_token_ids) + list(v.get("always_include") or [])
     size = min(int(v["size"]), target.vocab_size)
     vocab = build_pruned_vocab(vocab_tokens, size, target.vocab_size, always, vocab_weights)
-    repeats = int(d.get("repeats", 0))
-    if repeats:  # synthetic copying (one-hot teacher) so that the draft forms an induction head
-        from specdraft.train.repeats import repeat_examples, repeat_sequences, token_pool
-
-        spans = int(d.get("repeat_min_span", 16)), int(d.get("repeat_max_span", 96))
-        pool = token_pool(vocab.ids, int(d.get("repeat_pool", 4000)), always)
+    repeats, warmup = int(d.get("repeats", 0)), int(d.get("induction_warmup_steps", 0))
+    spans = int(d.get("repeat_min_span", 16)), int(d.get("repeat_max_span", 96))
+    pool = token_pool(vocab.ids, int(d.get("repeat_pool", 4000)), always) if repeats or warmup else None
+    if repeats:  # synthetic copying (one-hot teacher) that keeps the draft's induction head in use
         train_ex += repeat_examples(pool, repeats, *spans, top_k, int(cfg["seed"]))
         ev_seqs = repeat_sequences(pool, 16, *spans, int(cfg["seed"]) + 1)
         eval_data["repeats"] = (ev_seqs, [len(q) // 2 for q in ev_seqs])
@@ -618,6 +618,10 @@ def run(cfg: dict, target: TargetModel | None = None) -> dict:
         if name.startswith(("model.layers.", "model.norm.")):
             p.requires_grad_(True)
 
+    induction = None
+    if warmup and not (Path(cfg["out_dir"]) / "ckpt.pt").is_file():  # a resumed run has its weights already
+        induction = induction_warmup(student, vocab, pool, warmup, *spans, seed=int(cfg["seed"]), log=bool(cfg.get("log", True)))
+        print(f"[distill] induction warm-up: {induction}", flush=True)
     settings = TrainSettings(**{k: cfg["train"][k] for k in TrainSettings.__dataclass_fields__ if k in cfg["train"]})
     history = train_student(student, vocab, train_ex, evals, settings, cfg["out_dir"], log=bool(cfg.get("log", True)))
     final = evaluate_all(student, vocab, evals)
@@ -625,6 +629,7 @@ def run(cfg: dict, target: TargetModel | None = None) -> dict:
         "target": str(cfg["target"]),
         "command": cfg.get("command", ""),
         "init_candidates": init_results,
+        "induction_warmup": induction,
         "pruned_vocab_size": vocab.size,
         "pruned_vocab_coverage": coverage,
         "train_positions": sum(len(e.positions) for e in train_ex),

@@ -20,12 +20,15 @@ copying alone did not form an induction head. What it takes on this CPU is open.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import time
+from collections.abc import Collection, Sequence
 
 import torch
 from torch import Tensor
+from transformers import LlamaForCausalLM
 
-from specdraft.train.distill import Example
+from specdraft.train.distill import Example, student_sub_logits
+from specdraft.vocab import PrunedVocab
 
 
 def repeat_sequences(pool: Tensor, count: int, min_span: int, max_span: int, seed: int) -> list[Tensor]:
@@ -68,3 +71,79 @@ def token_pool(vocab_ids: Tensor, size: int, exclude: Collection[int]) -> Tensor
     (end-of-sequence and chat special tokens): the tokens repeated sequences are drawn from."""
     keep = [int(t) for t in vocab_ids.tolist() if int(t) not in set(exclude)][:size]
     return torch.tensor(keep, dtype=torch.long)  # [P]
+
+
+def _attention_heads(student: LlamaForCausalLM, seqs: Tensor) -> tuple[int, int]:
+    """(previous-token head of the second-to-last layer, induction head of the last layer): the
+    head of layer L-2 that already attends most to the previous token, and the head of layer L-1
+    that attends to it least (so the induction head is not taken from an existing circuit)."""
+    with torch.inference_mode():
+        att = student.model(input_ids=seqs, output_attentions=True, use_cache=False).attentions
+    r = torch.arange(1, seqs.shape[1])
+    prev = [a[:, :, r, r - 1].mean(dim=(0, 2)) for a in att[-2:]]  # 2 x [H]
+    return int(prev[0].argmax()), int(prev[1].argmin())
+
+
+def copy_accuracy(student: LlamaForCausalLM, head: Tensor, vocab: PrunedVocab, seqs: Sequence[Tensor]) -> float:
+    """Fraction of second-copy positions (span .. 2*span-2) where the student's top-1 is the copied token."""
+    hits = total = 0
+    with torch.inference_mode():
+        for ids in seqs:
+            span = len(ids) // 2
+            pred = vocab.to_target(student_sub_logits(student, ids[None], head)[0].argmax(-1))  # [2S]
+            hits += int((pred[span:-1] == ids[span + 1 :]).sum())
+            total += span - 1
+    return hits / max(total, 1)
+
+
+def induction_warmup(
+    student: LlamaForCausalLM, vocab: PrunedVocab, pool: Tensor, steps: int, min_span: int, max_span: int,
+    lr: float = 1e-3, batch: int = 8, seed: int = 0, log: bool = True,
+) -> dict:
+    """Teach the student to copy before distillation: `steps` AdamW steps on repeated random
+    sequences (one span per batch, drawn from [min_span, max_span]) minimising the cross-entropy
+    of the copied token PLUS -log of two attention weights: a head of layer L-2 on the previous
+    token and a head of layer L-1 on the token after the current token's first occurrence. The two
+    heads are an induction circuit; told where to look, the 2-layer draft copies ~90% of a repeat
+    in ~600 steps of batch 8, at every span (RESULTS §3n), while the cross-entropy alone made no
+    progress in 500 steps. Trains the parameters that require grad, in place; returns what it did.
+    """
+    from torch.nn.functional import cross_entropy
+
+    if len(student.model.layers) < 2:
+        raise ValueError("the induction warm-up needs a draft of at least 2 layers (an induction circuit "
+                         "spans two); set data.induction_warmup_steps=0.")
+    impl = student.config._attn_implementation
+    student.set_attn_implementation("eager")  # attention weights are returned by eager attention only
+    head = vocab.head(student.lm_head.weight)  # [M, H]
+    g = torch.Generator().manual_seed(seed)
+    probe = torch.stack(repeat_sequences(pool, 8, max_span, max_span, seed + 7))  # [8, 2S]
+    h_prev, h_ind = _attention_heads(student, probe)
+    params = [p for p in student.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr)
+    t0 = time.time()
+    student.train()
+    for step in range(steps):
+        span = int(torch.randint(min_span, max_span + 1, (), generator=g))
+        ids = pool[torch.randint(0, pool.numel(), (batch, span), generator=g)].repeat(1, 2)  # [B, 2S]
+        out = student.model(input_ids=ids, output_attentions=True, use_cache=False)
+        logits = out.last_hidden_state[:, span:-1] @ head.T  # [B, S-1, M]
+        ce = cross_entropy(logits.flatten(0, 1), vocab.to_subset(ids[:, span + 1 :]).flatten())
+        r, q = torch.arange(1, 2 * span), torch.arange(span, 2 * span)
+        to_prev = out.attentions[-2][:, h_prev, r, r - 1]  # [B, 2S-1]
+        to_next = out.attentions[-1][:, h_ind, q, q - span + 1]  # [B, S]
+        loss = ce - to_prev.clamp_min(1e-6).log().mean() - to_next.clamp_min(1e-6).log().mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        if log and (step + 1) % 100 == 0:
+            print(f"[distill] induction warm-up step {step + 1}/{steps}: copy loss {ce.item():.3f}, attention "
+                  f"to previous {to_prev.mean().item():.2f}, to next {to_next.mean().item():.2f}", flush=True)
+    student.eval()
+    held_out = repeat_sequences(pool, 16, min_span, max_span, seed + 1)
+    result = {"steps": steps, "heads": {"previous_token": [len(student.model.layers) - 2, h_prev],
+                                        "induction": [len(student.model.layers) - 1, h_ind]},
+              "copy_accuracy": copy_accuracy(student, head, vocab, held_out), "seconds": round(time.time() - t0, 1)}
+    student.set_attn_implementation(impl)
+    return result
