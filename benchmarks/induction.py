@@ -8,7 +8,8 @@ On B sequences [a; a] of L random frequent tokens each (the same kind as the rec
 second-copy token to the token after its first occurrence (an induction head attends there) and to
 the previous token (a previous-token head, the other half of the circuit); then the copy accuracy
 (top-1 = the copied token, second copy) of the target, of drafts made of target layers, untrained,
-and of each draft directory given.
+and of each draft directory given, at several spans L (a draft that copies at one span only has
+learned an offset, not induction).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def copy_accuracy(logits_ids: torch.Tensor, seqs: torch.Tensor, span: int) -> fl
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("drafts", nargs="*", help="draft artifact directories (specdraft-train-draft export_dir=...)")
-    ap.add_argument("--span", type=int, default=40)
+    ap.add_argument("--spans", default="40,64", help="comma-separated L; the first is used for the attention table")
     ap.add_argument("--sequences", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
@@ -42,11 +43,12 @@ def main() -> None:
     model = target.model
     vocab = PrunedVocab.load(VOCAB)
     pool = token_pool(vocab.ids, 4000, target.eos_token_ids)
-    seqs = torch.stack(repeat_sequences(pool, args.sequences, args.span, seed=1234))  # [B, 2L]
+    spans = [int(x) for x in args.spans.split(",")]
+    batches = {L: torch.stack(repeat_sequences(pool, args.sequences, L, L, seed=1234 + L)) for L in spans}  # [B, 2L]
+    span, seqs = spans[0], batches[spans[0]]
     model.set_attn_implementation("eager")  # attention weights are only returned by eager attention
     with torch.inference_mode():
         out = model(input_ids=seqs, output_attentions=True, use_cache=False)
-    span = args.span
     q = torch.arange(span, 2 * span)  # second-copy positions
     print("| layer | induction: max head (head) | previous token: max head |")
     print("|---|---|---|")
@@ -55,20 +57,19 @@ def main() -> None:
         prev = att[:, :, torch.arange(1, 2 * span), torch.arange(0, 2 * span - 1)].mean(dim=(0, 2))  # [H]
         print(f"| {li} | {ind.max():.2f} ({int(ind.argmax())}) | {prev.max():.2f} |")
     print()
-    print("| model | copy accuracy, second copy |")
-    print("|---|---|")
-    print(f"| target | {copy_accuracy(out.logits.argmax(-1), seqs, span):.3f} |")
-    head = vocab.head(model.lm_head.weight)  # [M, H]
-    for ids in ([0, 1], [0, 1, 2], [0, 1, 17], [0, 1, 16, 17], [0, 1, 2, 3, 4, 5]):
-        student = build_student(model, ids)
+    print("| model | " + " | ".join(f"copy accuracy, L = {L}" for L in spans) + " |")
+    print("|---|" + "---|" * len(spans))
+    with torch.inference_mode():
+        cells = [copy_accuracy(model(input_ids=b, use_cache=False).logits.argmax(-1), b, L) for L, b in batches.items()]
+    print("| target | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
+    drafts = [(f"target layers {ids}, untrained", build_student(model, ids), vocab)
+              for ids in ([0, 1], [0, 1, 2], [0, 1, 17], [0, 1, 16, 17], [0, 1, 2, 3, 4, 5])]
+    drafts += [(d, *load_draft_artifact(d, model)) for d in args.drafts]
+    for name, student, dvocab in drafts:
+        head = dvocab.head(student.lm_head.weight)  # [M, H]
         with torch.inference_mode():
-            pred = vocab.ids[student_sub_logits(student, seqs, head).argmax(-1)]  # [B, 2L]
-        print(f"| target layers {ids}, untrained | {copy_accuracy(pred, seqs, span):.3f} |", flush=True)
-    for directory in args.drafts:
-        student, dvocab = load_draft_artifact(directory, model)
-        with torch.inference_mode():
-            pred = dvocab.ids[student_sub_logits(student, seqs, dvocab.head(student.lm_head.weight)).argmax(-1)]
-        print(f"| {directory} | {copy_accuracy(pred, seqs, span):.3f} |", flush=True)
+            cells = [copy_accuracy(dvocab.ids[student_sub_logits(student, b, head).argmax(-1)], b, L) for L, b in batches.items()]
+        print(f"| {name} | " + " | ".join(f"{c:.3f}" for c in cells) + " |", flush=True)
 
 
 if __name__ == "__main__":

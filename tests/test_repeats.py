@@ -113,3 +113,25 @@ def test_induction_warmup_needs_two_layers(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="at least 2 layers"):
         run(cfg, target=target)
 
+
+
+def test_recipe_continues_from_an_exported_draft(tmp_path: Path) -> None:
+    """student.init_from starts from an exported draft (its layers, weights and pruned vocabulary):
+    its untrained evaluation is the first run's final one."""
+    import json
+
+    target = tiny_random_target(vocab_size=64, seed=1, num_layers=3)
+    with torch.inference_mode():
+        seqs = target.model.generate(torch.arange(12)[:, None], max_new_tokens=23, min_new_tokens=23,
+                                     do_sample=False, pad_token_id=0)
+    cfg = tiny_cfg(tmp_path / "a", steps=6)
+    cfg["data"]["sequences"] = [{"train": seqs[:10], "eval": seqs[10:]}]
+    first = run(cfg, target=target)
+    cfg2 = tiny_cfg(tmp_path / "b", steps=2)
+    cfg2["data"]["sequences"] = cfg["data"]["sequences"]
+    cfg2["student"]["init_from"] = str(tmp_path / "a" / "artifact")
+    second = run(cfg2, target=target)
+    (init,) = second["init_candidates"]
+    assert init["layer_ids"] == json.loads((tmp_path / "a" / "artifact" / "draft.json").read_text())["layer_ids"]
+    assert init["sequences"]["greedy_agreement"] == pytest.approx(first["held_out"]["sequences"]["greedy_agreement"], abs=0.02)
+    assert second["pruned_vocab_size"] == first["pruned_vocab_size"]

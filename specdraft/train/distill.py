@@ -592,12 +592,15 @@ def run(cfg: dict, target: TargetModel | None = None) -> dict:
         raise ValueError("no training or evaluation data: enable data.selfgen, data.corpus_tokens or pass sequences.")
 
     # ---- pruned vocabulary, eval set, initialisation by measurement
-    if int(v.get("corpus_tokens", 0)) > 0 and target.tokenizer is not None:  # counted, no teacher
+    init_from = s.get("init_from")  # continue from an exported draft: its layers and its pruned vocabulary
+    if init_from:
+        init_student, init_vocab = load_draft_artifact(init_from, target.model)
+    if int(v.get("corpus_tokens", 0)) > 0 and target.tokenizer is not None and not init_from:  # counted, no teacher
         vocab_tokens.append(token_blocks(target.tokenizer, corpus_documents("train"), 1024, int(v["corpus_tokens"])))
         vocab_weights.append(1.0)
     always = list(target.eos_token_ids) + list(v.get("always_include") or [])
     size = min(int(v["size"]), target.vocab_size)
-    vocab = build_pruned_vocab(vocab_tokens, size, target.vocab_size, always, vocab_weights)
+    vocab = init_vocab if init_from else build_pruned_vocab(vocab_tokens, size, target.vocab_size, always, vocab_weights)
     repeats, warmup = int(d.get("repeats", 0)), int(d.get("induction_warmup_steps", 0))
     spans = int(d.get("repeat_min_span", 16)), int(d.get("repeat_max_span", 96))
     pool = token_pool(vocab.ids, int(d.get("repeat_pool", 4000)), always) if repeats or warmup else None
@@ -609,9 +612,14 @@ def run(cfg: dict, target: TargetModel | None = None) -> dict:
     evals = {name: make_eval_set(target, seqs, starts, vocab) for name, (seqs, starts) in eval_data.items()}
     coverage = {name: round(vocab.coverage(ev.argmax), 4) for name, ev in evals.items()}
     print(f"[distill] pruned vocab {vocab.size}/{target.vocab_size} covers held-out teacher argmax: {coverage}", flush=True)
-    layer_ids, init_results = choose_init(target.model, s["init_candidates"], vocab, evals)
-    print(f"[distill] initialisation candidates (untrained): {init_results} -> {layer_ids}", flush=True)
-    student = build_student(target.model, layer_ids)
+    if init_from:
+        layer_ids = json.loads((Path(init_from) / META_FILE).read_text())["layer_ids"]
+        student, init_results = init_student, [{"init_from": str(init_from), "layer_ids": layer_ids,
+                                                **evaluate_all(init_student, vocab, evals)}]
+    else:
+        layer_ids, init_results = choose_init(target.model, s["init_candidates"], vocab, evals)
+        student = build_student(target.model, layer_ids)
+    print(f"[distill] initialisation: {init_results} -> {layer_ids}", flush=True)
     for p in student.parameters():
         p.requires_grad_(False)
     for name, p in student.named_parameters():
