@@ -14,6 +14,16 @@ from specdraft.vocab import PrunedVocab
 from tests.test_distill import tiny_cfg
 
 
+@pytest.fixture(scope="module")
+def tiny() -> tuple:
+    """A tiny random target and 12 of its greedy sequences of 24 tokens."""
+    target = tiny_random_target(vocab_size=64, seed=1, num_layers=3)
+    with torch.inference_mode():
+        seqs = target.model.generate(torch.arange(12)[:, None], max_new_tokens=23, min_new_tokens=23,
+                                     do_sample=False, pad_token_id=0)  # [12, 24]
+    return target, seqs
+
+
 def test_sequences_are_a_span_twice_from_the_pool_and_seeded() -> None:
     pool = torch.tensor([5, 9, 11, 40])
     seqs = repeat_sequences(pool, count=40, min_span=4, max_span=12, seed=3)
@@ -62,11 +72,8 @@ def test_bad_arguments_are_clear_errors() -> None:
         repeat_sequences(torch.tensor([1]), count=3, min_span=4, max_span=4, seed=0)
 
 
-def test_recipe_with_repeats_trains_on_them_and_evaluates_copying(tmp_path: Path) -> None:
-    target = tiny_random_target(vocab_size=64, seed=1, num_layers=3)
-    with torch.inference_mode():
-        seqs = target.model.generate(torch.arange(12)[:, None], max_new_tokens=23, min_new_tokens=23,
-                                     do_sample=False, pad_token_id=0)
+def test_recipe_with_repeats_trains_on_them_and_evaluates_copying(tiny: tuple, tmp_path: Path) -> None:
+    target, seqs = tiny
     cfg = tiny_cfg(tmp_path, steps=6)
     cfg["data"].update({"sequences": [{"train": seqs[:10], "eval": seqs[10:]}], "repeats": 30, "repeat_min_span": 8,
                         "repeat_max_span": 8, "repeat_pool": 20})
@@ -88,11 +95,8 @@ def test_student_attention_implementation_can_be_switched() -> None:
     assert len(out.attentions) == 2 and out.attentions[0].shape[-2:] == (6, 6)
 
 
-def test_induction_warmup_supervises_two_heads_and_reports_copying(tmp_path: Path) -> None:
-    target = tiny_random_target(vocab_size=64, seed=1, num_layers=3)
-    with torch.inference_mode():
-        seqs = target.model.generate(torch.arange(12)[:, None], max_new_tokens=23, min_new_tokens=23,
-                                     do_sample=False, pad_token_id=0)
+def test_induction_warmup_supervises_two_heads_and_reports_copying(tiny: tuple, tmp_path: Path) -> None:
+    target, seqs = tiny
     cfg = tiny_cfg(tmp_path, steps=3)
     cfg["student"]["init_candidates"] = [[0, 2]]
     cfg["data"].update({"sequences": [{"train": seqs[:10], "eval": seqs[10:]}], "induction_warmup_steps": 4,
@@ -104,8 +108,8 @@ def test_induction_warmup_supervises_two_heads_and_reports_copying(tmp_path: Pat
     assert summary["train_steps"] == 3  # then the distillation as usual (sdpa again: it ran)
 
 
-def test_induction_warmup_needs_two_layers(tmp_path: Path) -> None:
-    target = tiny_random_target(vocab_size=64, seed=1, num_layers=3)
+def test_induction_warmup_needs_two_layers(tiny: tuple, tmp_path: Path) -> None:
+    target, _ = tiny
     cfg = tiny_cfg(tmp_path, steps=1)
     cfg["student"]["init_candidates"] = [[1]]
     cfg["data"].update({"sequences": [{"train": torch.arange(40).view(2, 20), "eval": torch.arange(20).view(1, 20)}],
@@ -115,15 +119,12 @@ def test_induction_warmup_needs_two_layers(tmp_path: Path) -> None:
 
 
 
-def test_recipe_continues_from_an_exported_draft(tmp_path: Path) -> None:
+def test_recipe_continues_from_an_exported_draft(tiny: tuple, tmp_path: Path) -> None:
     """student.init_from starts from an exported draft (its layers, weights and pruned vocabulary):
     its untrained evaluation is the first run's final one."""
     import json
 
-    target = tiny_random_target(vocab_size=64, seed=1, num_layers=3)
-    with torch.inference_mode():
-        seqs = target.model.generate(torch.arange(12)[:, None], max_new_tokens=23, min_new_tokens=23,
-                                     do_sample=False, pad_token_id=0)
+    target, seqs = tiny
     cfg = tiny_cfg(tmp_path / "a", steps=6)
     cfg["data"]["sequences"] = [{"train": seqs[:10], "eval": seqs[10:]}]
     first = run(cfg, target=target)

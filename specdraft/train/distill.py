@@ -604,7 +604,7 @@ def run(cfg: dict, target: TargetModel | None = None) -> dict:
     repeats, warmup = int(d.get("repeats", 0)), int(d.get("induction_warmup_steps", 0))
     spans = int(d.get("repeat_min_span", 16)), int(d.get("repeat_max_span", 96))
     pool = token_pool(vocab.ids, int(d.get("repeat_pool", 4000)), always) if repeats or warmup else None
-    if repeats:  # synthetic copying (one-hot teacher) that keeps the draft's induction head in use
+    if repeats:  # synthetic copying: a one-hot teacher on the copied token (specdraft.train.repeats)
         train_ex += repeat_examples(pool, repeats, *spans, top_k, int(cfg["seed"]))
         ev_seqs = repeat_sequences(pool, 16, *spans, int(cfg["seed"]) + 1)
         eval_data["repeats"] = (ev_seqs, [len(q) // 2 for q in ev_seqs])

@@ -39,10 +39,11 @@ def repeat_sequences(pool: Tensor, count: int, min_span: int, max_span: int, see
     [min_span, max_span] and a = span tokens drawn uniformly from `pool` ([P] target token ids),
     with a torch generator seeded by `seed`. The span varies so that "copy the token span positions
     back" does not solve the task: with one fixed span a draft learned exactly that shortcut (it
-    copied 90% at the trained span and 0% at another; RESULTS §3n)."""
+    copied 99.8% at the trained span 64 and 0% at span 40; RESULTS §3n)."""
     if count < 0 or not 2 <= min_span <= max_span:
-        raise ValueError(f"repeated sequences need count >= 0 and 2 <= min_span <= max_span, "
-                         f"got count={count}, min_span={min_span}, max_span={max_span}.")
+        raise ValueError(f"repeated sequences need count >= 0 and 2 <= min_span <= max_span, got count={count}, "
+                         f"min_span={min_span}, max_span={max_span}; set data.repeats / data.repeat_min_span / "
+                         "data.repeat_max_span accordingly.")
     if pool.numel() < 2:
         raise ValueError("the token pool for repeated sequences needs at least 2 tokens.")
     g = torch.Generator().manual_seed(seed)
