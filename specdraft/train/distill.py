@@ -595,6 +595,7 @@ def run(cfg: dict, target: TargetModel | None = None) -> dict:
     init_from = s.get("init_from")  # continue from an exported draft: its layers and its pruned vocabulary
     if init_from:
         init_student, init_vocab = load_draft_artifact(init_from, target.model)
+        init_layers = json.loads((Path(init_from) / META_FILE).read_text())["layer_ids"]
     if int(v.get("corpus_tokens", 0)) > 0 and target.tokenizer is not None and not init_from:  # counted, no teacher
         vocab_tokens.append(token_blocks(target.tokenizer, corpus_documents("train"), 1024, int(v["corpus_tokens"])))
         vocab_weights.append(1.0)
@@ -613,9 +614,8 @@ def run(cfg: dict, target: TargetModel | None = None) -> dict:
     coverage = {name: round(vocab.coverage(ev.argmax), 4) for name, ev in evals.items()}
     print(f"[distill] pruned vocab {vocab.size}/{target.vocab_size} covers held-out teacher argmax: {coverage}", flush=True)
     if init_from:
-        layer_ids = json.loads((Path(init_from) / META_FILE).read_text())["layer_ids"]
-        student, init_results = init_student, [{"init_from": str(init_from), "layer_ids": layer_ids,
-                                                **evaluate_all(init_student, vocab, evals)}]
+        layer_ids, student = init_layers, init_student
+        init_results = [{"init_from": str(init_from), "layer_ids": layer_ids, **evaluate_all(student, vocab, evals)}]
     else:
         layer_ids, init_results = choose_init(target.model, s["init_candidates"], vocab, evals)
         student = build_student(target.model, layer_ids)
