@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 class NGramIndex:
     """Most recent occurrence of every n-gram (min_n..max_n) in a growing token sequence.
 
-    `lookup` answers: where did the suffix of length n occur last, *before* the suffix itself?
+    `propose` / `next_token` answer: where did the suffix of length n occur last, *before* the suffix itself?
     Grams are indexed by their end position; a gram ending at the last token is only added once
     another token follows, so a lookup never finds the suffix itself.
     """
@@ -42,6 +42,16 @@ class NGramIndex:
             for n in range(self.min_ngram, min(self.max_ngram, end + 1) + 1):
                 self._last_end[tuple(toks[end - n + 1 : end + 1])] = end
         self._indexed_upto = max(self._indexed_upto, len(toks) - 1)
+
+    def next_token(self, suffix: list[int]) -> int | None:
+        """The token that followed the most recent indexed occurrence of the longest of suffix's
+        last min_ngram..max_ngram tokens, or None. suffix may run past the indexed tokens (a
+        drafter's own proposals): only occurrences whose next token is indexed are found."""
+        for n in range(min(self.max_ngram, len(suffix)), self.min_ngram - 1, -1):
+            end = self._last_end.get(tuple(suffix[len(suffix) - n :]))
+            if end is not None:
+                return self.tokens[end + 1]
+        return None
 
     def propose(self, num_tokens: int) -> list[int]:
         """Tokens after the most recent earlier occurrence of the longest matching suffix."""

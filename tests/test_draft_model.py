@@ -12,6 +12,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import instantiate
 from transformers import PreTrainedModel
 
+import specdraft.draft_loop
 from drafters.draft_model import DraftModelDrafter, load_draft_hf_model
 from specdraft.decode import SpeculativeDecoder
 from specdraft.models import tiny_random_llama
@@ -105,6 +106,59 @@ def test_statistically_lossless(tiny_target: TargetModel, sampling: SamplingConf
     expected = exact_two_token_distribution(tiny_target, PROMPT, sampling)
     counts = sample_two_tokens(dec, PROMPT, 1200, tiny_target.vocab_size)
     assert pooled_chisquare(counts, expected) > 1e-4
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_copying_greedy_matches_plain_greedy(tiny_target: TargetModel, k: int) -> None:
+    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=subset(), copy_ngram=1, copy_max_ngram=3)
+    out = SpeculativeDecoder(tiny_target, drafter, k).generate(PROMPT, max_new_tokens=40, stop_token_ids=[])
+    assert out.token_ids[0].tolist() == plain_greedy(tiny_target, PROMPT, 40)
+
+
+def test_copying_proposes_what_followed_the_earlier_occurrence(tiny_target: TargetModel) -> None:
+    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=subset(), copy_ngram=2, copy_weight=1.0)
+    drafter.bind(tiny_target)
+    draft = drafter.propose(ctx_of([9, 4, 6, 10, 13, 5, 9, 4]), 3)  # 4, 6, 10 are outside the subset
+    assert draft.token_ids[0].tolist() == [6, 10, 13]
+    sampled = drafter.propose(ctx_of([9, 4, 6, 10, 13, 5, 9, 4], SamplingConfig(temperature=1.0)), 3)
+    assert sampled.token_ids[0].tolist() == [6, 10, 13]  # weight 1: q is one-hot on the copy
+    torch.testing.assert_close(sampled.probs, torch.nn.functional.one_hot(torch.tensor([[6, 10, 13]]), 16).float())
+
+
+@pytest.mark.parametrize(
+    ("sampling", "vocab"),
+    [(SamplingConfig(temperature=1.0), None), (SamplingConfig(temperature=0.8, top_p=0.9), "subset")],
+    ids=["t1_full", "topp_pruned"],
+)
+def test_copying_is_statistically_lossless(tiny_target: TargetModel, sampling: SamplingConfig, vocab: str | None) -> None:
+    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=subset() if vocab else None, copy_ngram=1, copy_weight=0.6)
+    dec = SpeculativeDecoder(tiny_target, drafter, 2, sampling)
+    expected = exact_two_token_distribution(tiny_target, PROMPT, sampling)
+    counts = sample_two_tokens(dec, PROMPT, 1200, tiny_target.vocab_size)
+    assert pooled_chisquare(counts, expected) > 1e-4
+
+
+def test_negative_control_copy_missing_from_q_fails(tiny_target: TargetModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A drafter that draws copies but reports its unmixed q must fail the same test."""
+    mix = specdraft.draft_loop.mix_in_copy
+
+    def unmixed(q: torch.Tensor, copy_id: int, weight: float, greedy: bool, gen: torch.Generator):
+        return q, mix(q.clone(), copy_id, weight, greedy, gen)[1]
+
+    monkeypatch.setattr(specdraft.draft_loop, "mix_in_copy", unmixed)
+    sampling = SamplingConfig(temperature=1.0)
+    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=None, copy_ngram=1, copy_weight=0.9)
+    dec = SpeculativeDecoder(tiny_target, drafter, 2, sampling)
+    expected = exact_two_token_distribution(tiny_target, PROMPT, sampling)
+    counts = sample_two_tokens(dec, PROMPT, 1200, tiny_target.vocab_size)
+    assert pooled_chisquare(counts, expected) < 1e-4
+
+
+def test_bad_copy_settings_are_clear_errors() -> None:
+    with pytest.raises(ValueError, match="copy_ngram"):
+        DraftModelDrafter(copy_ngram=5, copy_max_ngram=4)
+    with pytest.raises(ValueError, match="copy_weight"):
+        DraftModelDrafter(copy_ngram=2, copy_weight=0.0)
 
 
 def test_vocab_size_mismatch_names_both_sizes(tiny_target: TargetModel) -> None:

@@ -69,3 +69,22 @@ def test_drafter_is_incremental_and_fast_on_long_contexts() -> None:
     assert per_round < 2e-3
     drafter.reset()
     assert drafter.propose(DraftContext(ctx_tokens[:, :3], None, cfg, gen), 5).num_tokens <= 2
+
+
+def test_next_token_equals_propose_on_the_indexed_tokens() -> None:
+    g = torch.Generator().manual_seed(2)
+    toks = torch.randint(0, 5, (120,), generator=g).tolist()
+    index = NGramIndex(2, 4)
+    index.extend(toks)
+    first = ngram_propose(toks, 1, 2, 4)
+    assert index.next_token(toks) == (first[0] if first else None)
+
+
+def test_next_token_follows_a_suffix_past_the_indexed_tokens() -> None:
+    index = NGramIndex(2, 3)
+    index.extend([7, 1, 2, 3, 4, 9, 1])
+    # drafted [2, 3] after the indexed 1: suffix [1, 2, 3] occurred before, followed by 4
+    assert index.next_token([9, 1, 2, 3]) == 4
+    assert index.next_token([9, 1, 2]) == 3
+    assert index.next_token([5, 6]) is None
+    assert index.next_token([3]) is None  # shorter than min_ngram
