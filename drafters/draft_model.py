@@ -121,7 +121,7 @@ class DraftModelDrafter:
         fast: bool | str = "auto",
         copy_ngram: int | None = None,
         copy_max_ngram: int = 4,
-        copy_weight: float = 0.5,
+        copy_weight: float = 0.9,
     ) -> None:
         if copy_ngram is not None and not 1 <= copy_ngram <= copy_max_ngram:
             raise ValueError(

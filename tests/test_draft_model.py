@@ -226,16 +226,18 @@ def test_hydra_config_instantiates() -> None:
     drafter = instantiate(drafter_cfg)
     assert isinstance(drafter, DraftModelDrafter)
     assert drafter.model_spec == "smollm2-135m-distilled" and cfg.vocab.size > 0
+    assert (drafter.copy_ngram, drafter.copy_weight) == (2, 0.9)  # copying is on for the shipped draft
 
 
 @pytest.mark.slow
-def test_shipped_draft_greedy_exact_on_default_target(default_target: TargetModel) -> None:
+@pytest.mark.parametrize("copy_ngram", [None, 2])
+def test_shipped_draft_greedy_exact_on_default_target(default_target: TargetModel, copy_ngram: int | None) -> None:
     tok = default_target.tokenizer
     prompt = tok.apply_chat_template(
         [{"role": "user", "content": "What is a Python list comprehension?"}], add_generation_prompt=True
     )
     prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
-    dec = SpeculativeDecoder(default_target, DraftModelDrafter("smollm2-135m-distilled"), 4)
+    dec = SpeculativeDecoder(default_target, DraftModelDrafter("smollm2-135m-distilled", copy_ngram=copy_ngram), 4)
     out = dec.generate(prompt, max_new_tokens=32, stop_token_ids=[])
     assert out.token_ids[0].tolist() == plain_greedy(default_target, prompt, 32)
     assert out.stats.acceptance_rate > 0.1  # trained draft (measured 0.20 here); untrained ~0.0
