@@ -25,7 +25,6 @@ qa that is where most of its fixable misses are (RESULTS 3m, 3o).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
 
@@ -34,7 +33,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel
 
 from drafters.ngram import NGramIndex
-from specdraft.draft_loop import draft_autoregressively
+from specdraft.draft_loop import CopySource, draft_autoregressively
 from specdraft.fast_stack import PackedLinear
 from specdraft.protocol import Draft, DraftContext
 from specdraft.target import TargetModel
@@ -224,11 +223,11 @@ class DraftModelDrafter:
         start = 0 if self._ids is None else self._ids.shape[1]
         feed = ctx.token_ids[:, start:]  # [1, n >= 1] not yet in the draft cache
         return draft_autoregressively(self._next_logits, feed, num_tokens, ctx, self.vocab,
-                                      self._copy_source(ctx.token_ids), self.copy_weight)
+                                      self._copy_source(ctx.token_ids))
 
     # ------------------------------------------------------------------------------ internals
-    def _copy_source(self, committed: Tensor) -> Callable[[list[int]], int | None] | None:
-        """Index the new committed tokens [1, T]; return drafted -> the token to copy, or None."""
+    def _copy_source(self, committed: Tensor) -> CopySource | None:
+        """Index the new committed tokens [1, T]; the copies for this round, or None (copying off)."""
         index = self._copy_index
         if index is None:
             return None
@@ -236,7 +235,9 @@ class DraftModelDrafter:
             index = self._copy_index = NGramIndex(index.min_ngram, index.max_ngram)
         index.extend(committed[0, len(index.tokens) :].tolist())
         tail = index.tokens[-index.max_ngram :]
-        return lambda drafted: index.next_token(tail + drafted)
+        assert self._head is not None
+        vocab_size = self.vocab.vocab_size if self.vocab is not None else self._head.shape[0]
+        return CopySource(lambda drafted: index.next_token(tail + drafted), self.copy_weight, vocab_size)
 
     def _next_logits(self, feed: Tensor) -> Tensor:
         """Run feed [1, n] after the cached positions; logits for the next token [1, M or V]."""

@@ -10,11 +10,15 @@ followed an earlier occurrence of the current suffix; it is mixed into q as
 q' = (1 - w) q + w * onehot(copy) (`mix_in_copy`), and the token is drawn from q', so the draft
 stays a proper distribution and verification stays exact. Small drafts miss exactly these tokens:
 they cannot copy from their context the way the target's induction heads do (RESULTS 3n, 3o).
+A greedy copy (weight >= 0.5) does not depend on q, so the model is not run for it: the copied
+tokens are fed to it together with the next token it has to predict (one forward instead of one
+per token), which makes a run of copies nearly as cheap as prompt lookup.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -41,14 +45,26 @@ def mix_in_copy(
     return mixed, sample(mixed, generator)
 
 
+@dataclass(frozen=True)
+class CopySource:
+    """Where a drafter's copies come from and how much they weigh.
+
+    next_token(drafted so far) -> the target id to mix in, or None; weight w in
+    q' = (1 - w) q + w onehot; vocab_size: the target's V (the width of a greedy copy's one-hot q).
+    """
+
+    next_token: Callable[[list[int]], int | None]
+    weight: float
+    vocab_size: int
+
+
 def draft_autoregressively(
     next_logits: Callable[[Tensor], Tensor],
     feed: Tensor,
     num_tokens: int,
     ctx: DraftContext,
     vocab: PrunedVocab | None = None,
-    copy: Callable[[list[int]], int | None] | None = None,
-    copy_weight: float = 0.5,
+    copy: CopySource | None = None,
 ) -> Draft:
     """Draft num_tokens tokens one at a time and return them with their q.
 
@@ -56,25 +72,32 @@ def draft_autoregressively(
     the drafter's own cache). feed [1, n >= 1]: the committed tokens the cache has not seen yet.
     vocab: the pruned draft vocabulary the logits are over (M columns), or None (V columns);
     q is always returned over the target's V ids (zeros outside the subset), so verification
-    stays exact. copy(drafted so far) -> a target id to mix in with weight copy_weight, or None.
+    stays exact. copy: mixes copies of earlier context into q (module docstring), or None.
     """
+    greedy_copy = copy is not None and ctx.sampling.greedy and copy.weight >= 0.5
     tokens, probs = [], []
     drafted: list[int] = []
     for _ in range(num_tokens):
-        q = warp(next_logits(feed), ctx.sampling)  # [1, M or V]
-        copy_id = copy(drafted) if copy is not None else None
-        if copy_id is None:
-            tok = draw(q, ctx.sampling, ctx.generator)  # [1] index into the logits' columns
-            if vocab is not None:
-                q, tok = vocab.expand(q), vocab.to_target(tok)  # [1, V], [1] target id
+        copy_id = copy.next_token(drafted) if copy is not None else None
+        if copy_id is not None and greedy_copy:
+            assert copy is not None
+            tok = feed.new_full((1,), copy_id)  # [1] the copy, whatever q says: q is not computed
+            q = torch.zeros((1, copy.vocab_size), device=feed.device).scatter_(-1, tok[:, None], 1.0)  # [1, V]
+            feed = torch.cat([feed, tok[:, None]], dim=1)  # [1, n + 1] fed with the next forward
         else:
-            q = vocab.expand(q) if vocab is not None else q  # [1, V]
-            q, tok = mix_in_copy(q, copy_id, copy_weight, ctx.sampling.greedy, ctx.generator)
+            q = warp(next_logits(feed), ctx.sampling)  # [1, M or V]
+            if copy_id is None:
+                tok = draw(q, ctx.sampling, ctx.generator)  # [1] index into the logits' columns
+                if vocab is not None:
+                    q, tok = vocab.expand(q), vocab.to_target(tok)  # [1, V], [1] target id
+            else:
+                q = vocab.expand(q) if vocab is not None else q  # [1, V]
+                q, tok = mix_in_copy(q, copy_id, copy.weight, ctx.sampling.greedy, ctx.generator)
+            feed = tok[:, None]  # [1, 1]
         if copy is not None:
             drafted.append(int(tok))
         tokens.append(tok)
         probs.append(q)
-        feed = tok[:, None]  # [1, 1]
     if not tokens:
         return Draft(token_ids=ctx.token_ids.new_zeros((ctx.token_ids.shape[0], 0)))
     return Draft(token_ids=torch.stack(tokens, dim=1), probs=torch.stack(probs, dim=1))  # [1, K], [1, K, V]

@@ -1,10 +1,13 @@
-"""mix_in_copy: the copy proposal mixed into a drafter's q, on hand-built distributions."""
+"""mix_in_copy: the copy proposal mixed into a drafter's q, on hand-built distributions; the
+drafting loop's greedy copies that skip the model."""
 
 from __future__ import annotations
 
 import torch
 
-from specdraft.draft_loop import mix_in_copy
+from specdraft.draft_loop import CopySource, draft_autoregressively, mix_in_copy
+from specdraft.protocol import DraftContext
+from specdraft.sampling import SamplingConfig
 
 
 def test_sampled_mixture_is_a_distribution_with_the_copy_weight() -> None:
@@ -29,3 +32,20 @@ def test_greedy_copies_from_half_weight_on_and_reports_one_hot() -> None:
     assert int(tok) == 2 and mixed.tolist() == [[0.0, 0.0, 1.0]]
     mixed, tok = mix_in_copy(q.clone(), 2, 0.49, True, gen)
     assert int(tok) == 1 and mixed.tolist() == [[0.0, 1.0, 0.0]]
+
+
+def test_greedy_copies_skip_the_model_and_are_fed_with_the_next_forward() -> None:
+    feeds = []
+
+    def next_logits(feed: torch.Tensor) -> torch.Tensor:
+        feeds.append(feed[0].tolist())
+        return torch.nn.functional.one_hot(torch.tensor([5]), 8).float()  # the model always says 5
+
+    copies = {0: 3, 1: 4}  # copies for the first two drafted positions, then none
+    source = CopySource(lambda drafted: copies.get(len(drafted)), 0.9, 8)
+    sampling = SamplingConfig()
+    ctx = DraftContext(torch.tensor([[1, 2]]), None, sampling, sampling.make_generator())
+    draft = draft_autoregressively(next_logits, torch.tensor([[2]]), 4, ctx, copy=source)
+    assert draft.token_ids[0].tolist() == [3, 4, 5, 5]
+    assert feeds == [[2, 3, 4], [5]]  # one forward for the committed token and both copies
+    assert draft.probs.shape == (1, 4, 8) and draft.probs[0, 1].tolist() == [0, 0, 0, 0, 1, 0, 0, 0]

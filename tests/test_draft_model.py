@@ -125,6 +125,22 @@ def test_copying_proposes_what_followed_the_earlier_occurrence(tiny_target: Targ
     torch.testing.assert_close(sampled.probs, torch.nn.functional.one_hot(torch.tensor([[6, 10, 13]]), 16).float())
 
 
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=1.0, seed=3)])
+def test_copying_rollback_leaves_no_stale_kv(tiny_target: TargetModel, sampling: SamplingConfig) -> None:
+    prompt = [9, 4, 6, 10, 13, 5, 9, 4, 6]  # the copies 10, 13 are drafted but not fed to the draft (greedy)
+    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=subset(), copy_ngram=2)
+    drafter.bind(tiny_target)
+    first = drafter.propose(ctx_of(prompt, sampling), 4).token_ids[0].tolist()
+    committed = prompt + first[:2] + [7]  # two kept, then a recovered token
+    drafter.commit(ctx_of(committed, sampling), 2)
+    again = drafter.propose(ctx_of(committed, sampling), 3)
+    fresh = DraftModelDrafter(tiny_draft(), pruned_vocab=subset(), copy_ngram=2)
+    fresh.bind(tiny_target)
+    ref = fresh.propose(ctx_of(committed, sampling), 3)
+    assert again.token_ids.tolist() == ref.token_ids.tolist()
+    torch.testing.assert_close(again.probs, ref.probs, atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize(
     ("sampling", "vocab"),
     [(SamplingConfig(temperature=1.0), None), (SamplingConfig(temperature=0.8, top_p=0.9), "subset")],
