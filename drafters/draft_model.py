@@ -128,7 +128,7 @@ class DraftModelDrafter:
                 f"copy_max_ngram={copy_max_ngram}; set copy_ngram=null to turn copying off."
             )
         if not 0.0 < copy_weight <= 1.0:
-            raise ValueError(f"copy_weight must be in (0, 1], got {copy_weight}.")
+            raise ValueError(f"copy_weight must be in (0, 1], got {copy_weight}; the default is 0.9.")
         self.copy_ngram = copy_ngram
         self.copy_max_ngram = copy_max_ngram
         self.copy_weight = copy_weight

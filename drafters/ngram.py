@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 class NGramIndex:
     """Most recent occurrence of every n-gram (min_n..max_n) in a growing token sequence.
 
-    `propose` / `next_token` answer: where did the suffix of length n occur last, *before* the suffix itself?
+    `propose` and `next_token` answer: where did the suffix of length n occur last, *before* the
+    suffix itself?
     Grams are indexed by their end position; a gram ending at the last token is only added once
     another token follows, so a lookup never finds the suffix itself.
     """
