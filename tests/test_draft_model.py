@@ -141,13 +141,11 @@ def test_copying_rollback_leaves_no_stale_kv(tiny_target: TargetModel, sampling:
     torch.testing.assert_close(again.probs, ref.probs, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize(
-    ("sampling", "vocab"),
-    [(SamplingConfig(temperature=1.0), None), (SamplingConfig(temperature=0.8, top_p=0.9), "subset")],
-    ids=["t1_full", "topp_pruned"],
-)
-def test_copying_is_statistically_lossless(tiny_target: TargetModel, sampling: SamplingConfig, vocab: str | None) -> None:
-    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=subset() if vocab else None, copy_ngram=1, copy_weight=0.6)
+def test_copying_is_statistically_lossless(tiny_target: TargetModel) -> None:
+    """Top-p on the pruned vocabulary: the mixture is formed over V after expanding q (the negative
+    control below runs at T = 1 on the full vocabulary)."""
+    sampling = SamplingConfig(temperature=0.8, top_p=0.9)
+    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=subset(), copy_ngram=1, copy_weight=0.6)
     dec = SpeculativeDecoder(tiny_target, drafter, 2, sampling)
     expected = exact_two_token_distribution(tiny_target, PROMPT, sampling)
     counts = sample_two_tokens(dec, PROMPT, 1200, tiny_target.vocab_size)
@@ -246,17 +244,17 @@ def test_hydra_config_instantiates() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("copy_ngram", [None, 2])
-def test_shipped_draft_greedy_exact_on_default_target(default_target: TargetModel, copy_ngram: int | None) -> None:
+def test_shipped_draft_greedy_exact_on_default_target(default_target: TargetModel) -> None:
+    """As configured by default: the draft plus copying (the draft alone is the same path without copies)."""
     tok = default_target.tokenizer
     prompt = tok.apply_chat_template(
         [{"role": "user", "content": "What is a Python list comprehension?"}], add_generation_prompt=True
     )
     prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
-    dec = SpeculativeDecoder(default_target, DraftModelDrafter("smollm2-135m-distilled", copy_ngram=copy_ngram), 4)
+    dec = SpeculativeDecoder(default_target, DraftModelDrafter("smollm2-135m-distilled", copy_ngram=2), 4)
     out = dec.generate(prompt, max_new_tokens=32, stop_token_ids=[])
     assert out.token_ids[0].tolist() == plain_greedy(default_target, prompt, 32)
-    assert out.stats.acceptance_rate > 0.1  # trained draft (measured 0.20 here); untrained ~0.0
+    assert out.stats.acceptance_rate > 0.1  # a trained draft; an untrained one accepts ~0.0
 
 
 def test_propose_twice_on_the_same_context_is_repeatable(tiny_target: TargetModel) -> None:
