@@ -20,8 +20,13 @@ from specdraft.train.selfgen_prompts import (
 )
 
 
-def test_every_kind_is_built_with_unique_ids_and_both_splits() -> None:
-    prompts = build_extra_prompts(seed=0)
+@pytest.fixture(scope="module")
+def prompts() -> list[Prompt]:
+    """build_extra_prompts(seed=0), built once for the module (about 10 s here)."""
+    return build_extra_prompts(seed=0)
+
+
+def test_every_kind_is_built_with_unique_ids_and_both_splits(prompts: list[Prompt]) -> None:
     kinds = Counter(p.kind for p in prompts)
     assert set(kinds) == set(KINDS)
     assert kinds["math"] == 240 and kinds["code_edit"] == 200
@@ -55,8 +60,8 @@ def test_exclude_suite_drops_exact_questions_and_quoted_code() -> None:
     assert exclude_suite([earlier], suite) == []  # a suite question as an earlier turn clashes too
 
 
-def test_revise_chats_end_with_a_request_to_change_a_written_answer() -> None:
-    revise = [p for p in build_extra_prompts(seed=0) if p.kind == "revise"]
+def test_revise_chats_end_with_a_request_to_change_a_written_answer(prompts: list[Prompt]) -> None:
+    revise = [p for p in prompts if p.kind == "revise"]
     assert len(revise) == 250
     for p in revise:
         chat = p.chat()
@@ -86,8 +91,8 @@ def test_unknown_kinds_are_named_with_the_valid_ones() -> None:
         extra_prompts_for(["math", "chit_chat"], suite=lambda: [])
 
 
-def test_followups_of_revise_chats_rebuild_the_earlier_turns() -> None:
-    first = next(p for p in build_extra_prompts(seed=0) if p.id.startswith("revise/code/"))
+def test_followups_of_revise_chats_rebuild_the_earlier_turns(prompts: list[Prompt]) -> None:
+    first = next(p for p in prompts if p.id.startswith("revise/code/"))
     records = [{"id": first.id, "kind": "revise", "prompt": first.text, "completion": "```python\nx = 1\n```\n"}]
     (f,) = followup_prompts(records)
     chat = f.chat()
