@@ -231,9 +231,7 @@ class DraftModelDrafter:
         index = self._copy_index
         if index is None:
             return None
-        if committed.shape[1] < len(index.tokens):  # not a continuation of the indexed prompt
-            index = self._copy_index = NGramIndex(index.min_ngram, index.max_ngram)
-        index.extend(committed[0, len(index.tokens) :].tolist())
+        index.catch_up(committed[0])
         tail = index.tokens[-index.max_ngram :]
         assert self._head is not None
         vocab_size = self.vocab.vocab_size if self.vocab is not None else self._head.shape[0]

@@ -44,6 +44,14 @@ class NGramIndex:
                 self._last_end[tuple(toks[end - n + 1 : end + 1])] = end
         self._indexed_upto = max(self._indexed_upto, len(toks) - 1)
 
+    def catch_up(self, committed: torch.Tensor) -> None:
+        """Index the tokens of committed [T] past those already indexed (a drafter's committed
+        tokens only grow within a prompt); a shorter committed is a new prompt: start over."""
+        if committed.shape[0] < len(self.tokens):
+            self.tokens, self._last_end, self._indexed_upto = [], {}, 0
+        if committed.shape[0] > len(self.tokens):
+            self.extend(committed[len(self.tokens) :].tolist())
+
     def next_token(self, suffix: list[int]) -> int | None:
         """The token that followed the most recent indexed occurrence of the longest of suffix's
         last min_ngram..max_ngram tokens, or None. suffix may run past the indexed tokens (a
@@ -94,20 +102,13 @@ class NGramDrafter:
     def reset(self) -> None:
         self._index = NGramIndex(self.min_ngram, self.max_ngram)
 
-    def _sync(self, ctx: DraftContext) -> None:
-        """Bring the index up to ctx.token_ids (committed tokens only ever grow within a prompt)."""
-        seen = len(self._index.tokens)
-        total = ctx.token_ids.shape[1]
-        if total > seen:
-            self._index.extend(ctx.token_ids[0, seen:].tolist())
-
     def propose(self, ctx: DraftContext, num_tokens: int) -> Draft:
         if ctx.token_ids.shape[0] != 1:
             raise NotImplementedError("NGramDrafter supports batch size 1.")
-        self._sync(ctx)
+        self._index.catch_up(ctx.token_ids[0])
         proposal = self._index.propose(num_tokens)
         ids = torch.tensor([proposal], dtype=torch.long).reshape(1, len(proposal))  # [1, K]
         return Draft(token_ids=ids)
 
     def commit(self, ctx: DraftContext, num_accepted: int) -> None:
-        self._sync(ctx)
+        self._index.catch_up(ctx.token_ids[0])
