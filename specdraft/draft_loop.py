@@ -28,18 +28,10 @@ from specdraft.sampling import draw, sample, warp
 from specdraft.vocab import PrunedVocab
 
 
-def mix_in_copy(
-    q: Tensor, copy_id: int, weight: float, greedy: bool, generator: torch.Generator
-) -> tuple[Tensor, Tensor]:
-    """Mix a copy proposal into the draft distribution q [1, V] and draw from the mixture.
-
-    q' = (1 - weight) q + weight * onehot(copy_id). Greedy drafts are one-hot, so the mixture's
-    argmax is the copy token when weight >= 0.5 (ties go to the copy) and the draft's otherwise;
-    the greedy q' returned is the one-hot of that choice. Returns (q' [1, V], token [1]).
-    """
-    if greedy:
-        tok = torch.full_like(q[:, 0], copy_id, dtype=torch.long) if weight >= 0.5 else q.argmax(-1)  # [1]
-        return torch.zeros_like(q).scatter_(-1, tok[:, None], 1.0), tok
+def mix_in_copy(q: Tensor, copy_id: int, weight: float, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """Mix a copy proposal into the sampled draft distribution q [1, V] and draw from the mixture:
+    q' = (1 - weight) q + weight * onehot(copy_id). Returns (q' [1, V], token [1]). (Greedy copies
+    never mix: `draft_autoregressively` drafts the copy or ignores it.)"""
     mixed = q * (1.0 - weight)  # [1, V]
     mixed[:, copy_id] += weight
     return mixed, sample(mixed, generator)
@@ -74,15 +66,18 @@ def draft_autoregressively(
     q is always returned over the target's V ids (zeros outside the subset), so verification
     stays exact. copy: mixes copies of earlier context into q (module docstring), or None.
     """
-    greedy_copy = copy is not None and ctx.sampling.greedy and copy.weight >= 0.5
+    # Greedy drafts are one-hot, so the mixture's argmax is the copy when w >= 0.5 (ties go to the
+    # copy) and the draft's own token otherwise: below 0.5 a greedy draft never uses a copy.
+    greedy = ctx.sampling.greedy
+    lookup = copy if copy is not None and not (greedy and copy.weight < 0.5) else None
     tokens, probs = [], []
     drafted: list[int] = []
     for _ in range(num_tokens):
-        copy_id = copy.next_token(drafted) if copy is not None else None
-        if copy_id is not None and greedy_copy:
-            assert copy is not None
+        copy_id = lookup.next_token(drafted) if lookup is not None else None
+        if copy_id is not None and greedy:
+            assert lookup is not None
             tok = feed.new_full((1,), copy_id)  # [1] the copy, whatever q says: q is not computed
-            q = torch.zeros((1, copy.vocab_size), device=feed.device).scatter_(-1, tok[:, None], 1.0)  # [1, V]
+            q = torch.zeros((1, lookup.vocab_size), device=feed.device).scatter_(-1, tok[:, None], 1.0)  # [1, V]
             feed = torch.cat([feed, tok[:, None]], dim=1)  # [1, n + 1] fed with the next forward
         else:
             q = warp(next_logits(feed), ctx.sampling)  # [1, M or V]
@@ -91,10 +86,11 @@ def draft_autoregressively(
                 if vocab is not None:
                     q, tok = vocab.expand(q), vocab.to_target(tok)  # [1, V], [1] target id
             else:
+                assert lookup is not None
                 q = vocab.expand(q) if vocab is not None else q  # [1, V]
-                q, tok = mix_in_copy(q, copy_id, copy.weight, ctx.sampling.greedy, ctx.generator)
+                q, tok = mix_in_copy(q, copy_id, lookup.weight, ctx.generator)
             feed = tok[:, None]  # [1, 1]
-        if copy is not None:
+        if lookup is not None:
             drafted.append(int(tok))
         tokens.append(tok)
         probs.append(q)

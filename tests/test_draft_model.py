@@ -156,8 +156,8 @@ def test_negative_control_copy_missing_from_q_fails(tiny_target: TargetModel, mo
     """A drafter that draws copies but reports its unmixed q must fail the same test."""
     mix = specdraft.draft_loop.mix_in_copy
 
-    def unmixed(q: torch.Tensor, copy_id: int, weight: float, greedy: bool, gen: torch.Generator):
-        return q, mix(q.clone(), copy_id, weight, greedy, gen)[1]
+    def unmixed(q: torch.Tensor, copy_id: int, weight: float, gen: torch.Generator):
+        return q, mix(q.clone(), copy_id, weight, gen)[1]
 
     monkeypatch.setattr(specdraft.draft_loop, "mix_in_copy", unmixed)
     sampling = SamplingConfig(temperature=1.0)
