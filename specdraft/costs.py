@@ -83,6 +83,15 @@ def measure_verify_curve(target: TargetModel, max_k: int, context: int = 256, re
     return [m / medians[0] for m in medians]
 
 
+def verify_curve(target: TargetModel, max_k: int) -> list[float]:
+    """[T_v(0), ..., T_v(max_k)] / T_v(0) for this target: the one verify-cost model that the K
+    policy, the tree sizing and the bench all use. Measured lazily, at most once per process and
+    model instance (kept on `target.verify_costs`), through the on-disk cache."""
+    if len(target.verify_costs) <= max_k:
+        target.verify_costs = cached_verify_curve(target, max_k)
+    return list(target.verify_costs[: max_k + 1])
+
+
 def cached_verify_curve(target: TargetModel, max_k: int) -> list[float]:
     """The curve for this target from the on-disk cache, measured (and stored) if missing."""
     path = cache_dir() / CACHE_FILE

@@ -2,7 +2,7 @@
 
 A drafter proposes K tokens per round (`propose`), learns how many the target kept (`commit`) and
 forgets everything on a new prompt (`reset`). It never touches the target's KV cache except through
-`TargetModel`'s public methods. Capabilities are class attributes (`needs_target_hidden`), so the
+`TargetModel`'s public methods. Capabilities are class attributes (`needs_target_hidden`, `hf_counterpart`), so the
 decoding loop never branches on a drafter's type.
 """
 
@@ -65,7 +65,10 @@ class DraftContext:
 class Drafter(Protocol):
     """A way of drafting tokens. See drafters/ for implementations."""
 
-    needs_target_hidden: ClassVar[bool]
+    needs_target_hidden: ClassVar[bool]  # fill DraftContext.target_hidden for this drafter
+    # The Hugging Face generation mode that does the same thing (a `specdraft.bench` peer name such
+    # as "hf_assisted"), or None: the bench compares each drafter with its counterpart.
+    hf_counterpart: ClassVar[str | None]
 
     def bind(self, target: TargetModel) -> None:
         """Called once before generation: share weights, check the vocabulary, move to device."""

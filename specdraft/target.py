@@ -82,6 +82,9 @@ class TargetModel:
             capacity = min(self.max_context, self.GRAPH_CONTEXT + self.GRAPH_POSITIONS)
             self._graphs = VerifyGraphs(self._stack, self.GRAPH_POSITIONS, capacity)
         self._prefix: _PrefixState | None = None  # see forward_prefix (early exit)
+        # T_v(k)/T_v(0) measured for this model instance, k = 0..; filled lazily by
+        # specdraft.costs.verify_curve (the one verify-cost model), never at construction.
+        self.verify_costs: list[float] = []
 
     # ----------------------------------------------------------------------------- properties
     @property

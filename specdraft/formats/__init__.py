@@ -1,0 +1,3 @@
+"""Artifact formats: one module per kind of trained drafter artifact (distilled draft, exit adapter,
+Medusa heads), used both by the drafter that loads it and by the recipe that saves it. The pruned
+vocabulary, shared by all of them, is `specdraft.vocab`."""

@@ -1,0 +1,47 @@
+"""Where the trained artifacts shipped with specdraft live, and the one rule that names them.
+
+Shipped artifacts sit in `specdraft/artifacts/<target alias>/<artifact>/` (e.g.
+`smollm2-135m/draft`, `smollm2-135m/early_exit`, `smollm2-135m/medusa`,
+`smollm2-135m/medusa_recurrent`) and are named `<target alias>/<artifact>`. A drafter whose
+artifact kind has one default per target (the exit adapter, Medusa heads) also accepts the bare
+target alias (`smollm2-135m` -> `smollm2-135m/<default>`). A path to a directory always works.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ARTIFACTS_DIR = Path(__file__).resolve().parent / "artifacts"
+
+
+def shipped_names() -> list[str]:
+    """Every shipped artifact as `<target alias>/<artifact>`."""
+    return sorted(f"{d.parent.name}/{d.name}" for d in ARTIFACTS_DIR.glob("*/*") if d.is_dir())
+
+
+def resolve_artifact(spec: str | Path, default: str | None = None) -> Path | None:
+    """The directory `spec` names, or None if it names none.
+
+    spec: a directory path, a shipped name `<alias>/<artifact>`, or (with `default`) a bare target
+    alias meaning `<alias>/<default>`.
+    """
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path
+    text = str(spec).strip("/")
+    if text and (ARTIFACTS_DIR / text).is_dir() and "/" in text:
+        return ARTIFACTS_DIR / text
+    if default is not None and "/" not in text and (ARTIFACTS_DIR / text / default).is_dir():
+        return ARTIFACTS_DIR / text / default
+    return None
+
+
+def require_artifact(spec: str | Path, kind: str, default: str | None = None) -> Path:
+    """`resolve_artifact`, or a ValueError that says what exists and how to make one."""
+    found = resolve_artifact(spec, default)
+    if found is None:
+        raise ValueError(
+            f"{kind} {str(spec)!r} is neither a directory nor a shipped artifact; shipped: "
+            f"{', '.join(shipped_names())}. Train your own with the specdraft-train-* commands."
+        )
+    return found
