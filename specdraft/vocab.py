@@ -25,6 +25,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+VOCAB_FILE = "pruned_vocab.json"  # the one file name, next to every artifact trained on a subset
+AUTO = "auto"
+
 
 class PrunedVocab:
     """An ordered subset of a target vocabulary.
@@ -153,3 +156,31 @@ def build_pruned_vocab(
     # stable sort: equal counts keep ascending token id
     order = torch.sort(-counts, stable=True).indices[:size]  # [M]
     return PrunedVocab(order, vocab_size)
+
+
+def resolve_pruned_vocab(
+    spec: str | Path | PrunedVocab | None, artifact_dir: Path | None, vocab_size: int
+) -> PrunedVocab | None:
+    """The `pruned_vocab` option every drafter takes, resolved once the target is known.
+
+    spec: "auto" = the subset saved next to the drafter's artifact (`artifact_dir / VOCAB_FILE`) if
+    there is one, else the full vocabulary; None = always the full vocabulary; a path to a JSON
+    written by `PrunedVocab.save`; or a `PrunedVocab`. vocab_size: the target's V (checked).
+    """
+    if spec is None:
+        return None
+    if isinstance(spec, PrunedVocab):
+        vocab = spec
+    elif str(spec) == AUTO:
+        saved = None if artifact_dir is None else Path(artifact_dir) / VOCAB_FILE
+        if saved is None or not saved.is_file():
+            return None
+        vocab = PrunedVocab.load(saved)
+    else:
+        vocab = PrunedVocab.load(spec)
+    if vocab.vocab_size != vocab_size:
+        raise ValueError(
+            f"the pruned vocabulary was built for {vocab.vocab_size} tokens but the target has {vocab_size}; "
+            "rebuild it for this target (specdraft.vocab.build_pruned_vocab) or set pruned_vocab=null."
+        )
+    return vocab
