@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-k", type=int, default=16)
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--out", default="benchmarks/runs/gpu_check")
+    ap.add_argument("--out", default="outputs/gpu_check")
     args = ap.parse_args(argv)
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))

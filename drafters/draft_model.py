@@ -10,16 +10,16 @@ Optionally it drafts over a pruned vocabulary (`specdraft.vocab.PrunedVocab`): i
 projects onto M of the target's V tokens (V / M times cheaper) and q is zero outside the subset,
 which keeps verification exact.
 
-Optionally it copies (`copy_ngram`): where the last copy_ngram..copy_max_ngram committed or drafted
-tokens occurred earlier in the context, the token that followed them there is mixed into q with
-weight `copy_weight` (`specdraft.draft_loop.mix_in_copy`; greedy: it is the draft when the weight
-is >= 0.5). A small draft cannot copy from its context (it has no induction heads), and on chat and
-qa that is where most of its fixable misses are (RESULTS 3m, 3o).
+By default it also copies (`copy_ngram`): where the last copy_ngram..copy_max_ngram committed or
+drafted tokens occurred earlier in the context, the token that followed them there is mixed into q
+with weight `copy_weight` (`specdraft.draft_loop.mix_in_copy`; greedy: it is the draft when the
+weight is >= 0.5). A small draft cannot copy from its context (it has no induction heads), and on
+chat and qa that is where most of its fixable misses are (benchmarks/RESULTS.md).
 
-    DraftModelDrafter()                                 # the shipped distilled draft for smollm2-135m
+    DraftModelDrafter()                                 # the shipped distilled draft for smollm2-135m + copying
     DraftModelDrafter(model="HuggingFaceTB/SmolLM2-135M-Instruct", pruned_vocab=None)
     DraftModelDrafter(model=my_module)                  # any in-memory HF causal LM
-    DraftModelDrafter(copy_ngram=2)                     # + copying repeated text from the context
+    DraftModelDrafter(copy_ngram=None)                  # the draft alone, no copying
 """
 
 from __future__ import annotations
@@ -33,63 +33,45 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel
 
 from drafters.ngram import NGramIndex
-from specdraft.draft_loop import CopySource, draft_autoregressively
+from specdraft.draft_loop import CopySource, DraftCache, draft_autoregressively
 from specdraft.fast_stack import PackedLinear
+from specdraft.formats.draft import is_draft_artifact, load_draft_artifact
+from specdraft.models import load_model, load_tokenizer, resolve_source
 from specdraft.protocol import Draft, DraftContext
+from specdraft.shipped import resolve_artifact
 from specdraft.target import TargetModel
-from specdraft.vocab import PrunedVocab
+from specdraft.vocab import AUTO, PrunedVocab, resolve_pruned_vocab
 
-SHIPPED_DRAFTS = {
-    "smollm2-135m-distilled": Path(__file__).resolve().parent.parent
-    / "specdraft" / "artifacts" / "smollm2-135m" / "draft",
-}
-AUTO = "auto"
-
-
-def _artifact_dir(name: str) -> Path | None:
-    """The directory of a shipped / exported draft artifact (only new weights), else None."""
-    from specdraft.train.distill import ARTIFACT_FILE, META_FILE
-
-    if name.lower() in SHIPPED_DRAFTS:
-        return SHIPPED_DRAFTS[name.lower()]
-    p = Path(name).expanduser()
-    if p.is_dir() and (p / META_FILE).is_file() and (p / ARTIFACT_FILE).is_file():
-        return p
-    return None
+SHIPPED_DRAFT = "smollm2-135m/draft"  # the default `model`: the distilled draft shipped for smollm2-135m
 
 
 def load_draft(
-    model: str | nn.Module, target_model: PreTrainedModel
-) -> tuple[PreTrainedModel, PrunedVocab | None, object | None]:
-    """Resolve `model` to (draft module, the pruned vocabulary saved with it or None, its
-    tokenizer or None). Shipped artifacts are rebuilt from `target_model`."""
-    from specdraft.models import load_model, load_tokenizer, resolve_source
-    from specdraft.train.distill import VOCAB_FILE, load_draft_artifact
-
+    model: str | Path | nn.Module, target_model: PreTrainedModel
+) -> tuple[PreTrainedModel, Path | None, object | None]:
+    """Resolve `model` to (draft module, the directory whose `pruned_vocab.json` belongs to it or
+    None, its tokenizer or None). Draft artifacts (shipped `<alias>/<artifact>` names or exported
+    directories) are rebuilt from `target_model`; anything else goes through `specdraft.models`."""
     if isinstance(model, nn.Module):
         return model, None, None
     if not isinstance(model, (str, Path)):
         raise ValueError(f"model must be a name, a path or an nn.Module, got {type(model).__name__}.")
     name = str(model)
-    art = _artifact_dir(name)
-    if art is not None:
-        draft, vocab = load_draft_artifact(art, target_model)
-        return draft, vocab, None
+    art = resolve_artifact(name)
+    if art is not None and is_draft_artifact(art):
+        return load_draft_artifact(art, target_model), art, None
     src = resolve_source(name)  # raises a clear ValueError for unknown names / missing paths
-    device = target_model.get_output_embeddings().weight.device
-    draft = load_model(name, device=device, dtype=target_model.get_output_embeddings().weight.dtype)
-    vocab_file = Path(src.path) / VOCAB_FILE
-    vocab = PrunedVocab.load(vocab_file) if not src.hub_id and vocab_file.is_file() else None
+    weight = target_model.get_output_embeddings().weight
+    draft = load_model(name, device=weight.device, dtype=weight.dtype)
     try:
         tok = load_tokenizer(name)
     except (OSError, ValueError):
         tok = None
-    return draft, vocab, tok
+    return draft, None if src.hub_id else Path(src.path), tok
 
 
-def load_draft_hf_model(name: str | nn.Module, target: TargetModel) -> PreTrainedModel:
+def load_draft_hf_model(name: str | Path | nn.Module, target: TargetModel) -> PreTrainedModel:
     """The draft as a plain Hugging Face `PreTrainedModel` with a full-vocabulary head, e.g. for
-    `target.model.generate(..., assistant_model=load_draft_hf_model("smollm2-135m-distilled", t))`."""
+    `target.model.generate(..., assistant_model=load_draft_hf_model("smollm2-135m/draft", t))`."""
     draft, _, _ = load_draft(name, target.model)
     return draft.to(target.device).eval()
 
@@ -97,11 +79,13 @@ def load_draft_hf_model(name: str | nn.Module, target: TargetModel) -> PreTraine
 class DraftModelDrafter:
     """Drafts with a small causal LM. `specdraft-generate drafter=draft_model`.
 
-    model: the shipped artifact name ("smollm2-135m-distilled"), an exported artifact directory,
-        an alias / save_pretrained directory / hub id / .gguf (via `specdraft.models`), or an
-        in-memory `nn.Module` (a HF causal LM). Resolved in `bind`, where the target is known.
-    pruned_vocab: "auto" = the subset saved with the draft if any (else the full vocabulary);
-        None = always the full vocabulary; a path to a `PrunedVocab` JSON; or a `PrunedVocab`.
+    model: a shipped draft artifact ("smollm2-135m/draft", `specdraft.shipped`) or an exported
+        artifact directory (`specdraft.formats.draft`); an alias / save_pretrained directory / hub id
+        / .gguf (via `specdraft.models`; "smollm2-135m" is the full target model used as a draft);
+        or an in-memory `nn.Module` (a HF causal LM). Resolved in `bind`, where the target is known.
+    pruned_vocab: `specdraft.vocab.resolve_pruned_vocab`: "auto" = the `pruned_vocab.json` saved
+        with the draft if any (else the full vocabulary); None = always the full vocabulary; a path
+        to a `PrunedVocab` JSON; or a `PrunedVocab`.
     strict_tokenizer: raise (instead of warn) when the draft's token texts differ from the target's.
     fast: run the draft on the fast layer stack (`TargetModel(fast=...)`: packed weights, in-place
         KV cache); "auto" = when its architecture supports it.
@@ -111,14 +95,16 @@ class DraftModelDrafter:
     """
 
     needs_target_hidden: ClassVar[bool] = False
+    hf_counterpart: ClassVar[str | None] = "hf_assisted"  # HF assisted generation with the same draft
+    verify_curve_tokens: ClassVar[int] = 0
 
     def __init__(
         self,
-        model: str | nn.Module = "smollm2-135m-distilled",
-        pruned_vocab: str | PrunedVocab | None = AUTO,
+        model: str | Path | nn.Module = SHIPPED_DRAFT,
+        pruned_vocab: str | Path | PrunedVocab | None = AUTO,
         strict_tokenizer: bool = False,
         fast: bool | str = "auto",
-        copy_ngram: int | None = None,
+        copy_ngram: int | None = 2,
         copy_max_ngram: int = 4,
         copy_weight: float = 0.9,
     ) -> None:
@@ -140,13 +126,18 @@ class DraftModelDrafter:
         self.model: PreTrainedModel | None = None
         self.vocab: PrunedVocab | None = None
         self._head: Tensor | None = None  # [M or V, H]
-        self._runner: TargetModel | None = None  # the draft's own layers + KV cache (fast stack)
+        self._cache: DraftCache | None = None  # the draft's own layers + KV cache, synced to the context
         self._head_linear: PackedLinear | None = None
-        self._ids: Tensor | None = None  # [1, L] tokens whose KV is in the cache
+
+    def hf_peer_kwargs(self) -> dict[str, PreTrainedModel]:
+        """The arguments of the `hf_counterpart` "hf_assisted" (`specdraft.bench.HFCounterpart`):
+        `generate(..., assistant_model=<the bound draft>)`. Asked after `bind`."""
+        return {"assistant_model": self.hf_assistant_model()}
 
     def hf_assistant_model(self) -> PreTrainedModel:
-        """The bound draft as a plain HF model (full-vocabulary head) for `assistant_model=`, so the
-        bench compares this drafter with Hugging Face assisted generation on the same weights."""
+        """The bound draft as a plain HF model (full-vocabulary head) for `assistant_model=`: what
+        the `hf_counterpart` "hf_assisted" runs, so the bench compares this drafter with Hugging Face
+        assisted generation on the same weights."""
         if self.model is None:
             raise ValueError("bind the drafter to a target before asking for its HF model.")
         return self.model
@@ -154,7 +145,7 @@ class DraftModelDrafter:
     # ------------------------------------------------------------------------------ binding
     def bind(self, target: TargetModel) -> None:
         """Load/rebuild the draft next to the target, check the vocabulary, build the head."""
-        draft, saved_vocab, draft_tok = load_draft(self.model_spec, target.model)
+        draft, vocab_dir, draft_tok = load_draft(self.model_spec, target.model)
         head_weight = draft.get_output_embeddings().weight  # [V_draft, H]
         if head_weight.shape[0] != target.vocab_size:
             raise ValueError(
@@ -162,23 +153,12 @@ class DraftModelDrafter:
                 f"{target.vocab_size}; use a draft that shares the target's tokenizer."
             )
         self._check_token_texts(draft_tok, target.tokenizer)
-        spec = self.pruned_vocab_spec
-        if spec == AUTO:
-            vocab = saved_vocab
-        elif spec is None or isinstance(spec, PrunedVocab):
-            vocab = spec
-        else:
-            vocab = PrunedVocab.load(spec)
-        if vocab is not None and vocab.vocab_size != target.vocab_size:
-            raise ValueError(
-                f"the pruned vocabulary was built for {vocab.vocab_size} tokens but the target has "
-                f"{target.vocab_size}; rebuild it with specdraft.vocab.build_pruned_vocab."
-            )
+        vocab = resolve_pruned_vocab(self.pruned_vocab_spec, vocab_dir, target.vocab_size)
         self.model = draft.to(target.device).eval()
         self.vocab = vocab.to(target.device) if vocab is not None else None
         weight = self.model.get_output_embeddings().weight
         self._head = vocab.head(weight) if vocab is not None else weight.detach()  # [M or V, H]
-        self._runner = TargetModel(self.model, fast=self.fast)  # same fast path as the target
+        self._cache = DraftCache(TargetModel(self.model, fast=self.fast))  # same fast path as the target
         self._head_linear = PackedLinear(self._head, None)
         self.reset()
 
@@ -202,26 +182,22 @@ class DraftModelDrafter:
     # ------------------------------------------------------------------------------ protocol
     def reset(self) -> None:
         """New prompt: an empty cache."""
-        if self._runner is not None:
-            self._runner.reset()
-        self._ids = None
+        if self._cache is not None:
+            self._cache.reset()
         self._copy_index = NGramIndex(self.copy_ngram, self.copy_max_ngram) if self.copy_ngram else None
 
     def commit(self, ctx: DraftContext, num_accepted: int) -> None:
         """Keep only the cached positions that match the committed tokens (drops rejected KV)."""
-        self._sync(ctx.token_ids)
+        if self._cache is not None:
+            self._cache.sync(ctx.token_ids)
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext, num_tokens: int) -> Draft:
-        if self.model is None:
+        if self._cache is None:
             raise ValueError("DraftModelDrafter.propose was called before bind(target).")
         if ctx.token_ids.shape[0] != 1:
             raise NotImplementedError("DraftModelDrafter supports batch size 1.")
-        self._sync(ctx.token_ids)
-        if self._ids is not None and self._ids.shape[1] >= ctx.token_ids.shape[1]:
-            self._crop(ctx.token_ids.shape[1] - 1)  # everything cached: re-run the newest token
-        start = 0 if self._ids is None else self._ids.shape[1]
-        feed = ctx.token_ids[:, start:]  # [1, n >= 1] not yet in the draft cache
+        feed = self._cache.feed(ctx.token_ids)  # [1, n >= 1] not yet in the draft cache
         return draft_autoregressively(self._next_logits, feed, num_tokens, ctx, self.vocab,
                                       self._copy_source(ctx.token_ids))
 
@@ -239,26 +215,6 @@ class DraftModelDrafter:
 
     def _next_logits(self, feed: Tensor) -> Tensor:
         """Run feed [1, n] after the cached positions; logits for the next token [1, M or V]."""
-        assert self._runner is not None and self._head_linear is not None
-        hidden = self._runner.forward(feed, num_logits=0).hidden[:, -1]  # [1, H] post-norm
-        self._ids = feed if self._ids is None else torch.cat([self._ids, feed], dim=1)
+        assert self._cache is not None and self._head_linear is not None
+        hidden = self._cache.forward(feed)  # [1, H] post-norm
         return self._head_linear(hidden).float()  # [1, M or V]
-
-    def _sync(self, committed: Tensor) -> None:
-        """Crop the cache to the longest common prefix of cached tokens and committed [1, T]."""
-        if self._ids is None:
-            return
-        n = min(self._ids.shape[1], committed.shape[1])
-        same = (self._ids[0, :n] == committed[0, :n].to(self._ids.device)).long()  # [n]
-        self._crop(int(same.cumprod(0).sum()))
-
-    def _crop(self, keep: int) -> None:
-        """Keep the first `keep` cached positions."""
-        if self._ids is None or keep >= self._ids.shape[1]:
-            return
-        if keep <= 0:
-            self.reset()
-            return
-        assert self._runner is not None
-        self._runner.crop(keep)
-        self._ids = self._ids[:, :keep]

@@ -1,8 +1,10 @@
 """Early-exit self-drafting (LayerSkip style): the draft is the target's own first E layers.
 
 Each draft token runs through the target's first `exit_layer` decoder layers, then an optional
-trained exit adapter (`specdraft.train.early_exit.ExitAdapter`), then the target's final norm and
-lm_head. No second model: the weights are the target's.
+trained exit adapter (`specdraft.formats.exit_adapter.ExitAdapter`), then the target's final norm
+and lm_head. No second model: the weights are the target's. Tokens are drafted by the shared loop
+(`specdraft.draft_loop.draft_autoregressively`); only the next-token logits are this drafter's
+(`ExitStep`).
 
 Shared KV cache: the draft's K/V for layers < E are the target's own cache entries
 (`TargetModel.forward_prefix`), and when the target verifies [newest] + draft it reuses them and the
@@ -13,6 +15,9 @@ verify forward instead (the recompute baseline the benchmark compares against).
 A context adapter (`ExitAdapter(context=True)`) also reads the final-layer hidden state of the
 position before each draft position: the target's own (`DraftContext.target_hidden`) for the first
 draft token, the exit's own output for the next ones.
+
+    EarlyExitDrafter()                                  # the shipped adapter for smollm2-135m (layer 6)
+    EarlyExitDrafter(exit_layer=4, adapter=None)        # the plain exit after layer 4, no adapter
 """
 
 from __future__ import annotations
@@ -21,78 +26,108 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
+from torch import Tensor
 
+from specdraft.draft_loop import draft_autoregressively
+from specdraft.formats.exit_adapter import ExitAdapter, exit_head, exit_hidden, load_adapter
 from specdraft.protocol import Draft, DraftContext
-from specdraft.sampling import draw, warp
-from specdraft.exit_adapter import VOCAB_FILE, ExitAdapter, exit_head, exit_hidden, load_adapter
-from specdraft.vocab import PrunedVocab
+from specdraft.shipped import require_artifact
+from specdraft.vocab import AUTO, PrunedVocab, resolve_pruned_vocab
 
 if TYPE_CHECKING:
     from specdraft.target import TargetModel
 
-ARTIFACTS = Path(__file__).resolve().parent.parent / "specdraft" / "artifacts"
-
 
 def resolve_adapter(adapter: str | Path | None) -> Path | None:
-    """None, an adapter directory, or a target alias whose shipped adapter to use
-    (specdraft/artifacts/<alias>/early_exit)."""
+    """None (no adapter), or the exit-adapter directory `adapter` names: a directory, a shipped
+    name (`smollm2-135m/early_exit`) or a bare target alias (`smollm2-135m`)."""
     if adapter is None:
         return None
-    path = Path(adapter).expanduser()
-    if path.is_dir():
-        return path
-    shipped = ARTIFACTS / str(adapter) / "early_exit"
-    if shipped.is_dir():
-        return shipped
-    raise ValueError(
-        f"exit adapter {str(adapter)!r} is neither a directory nor a target alias with a shipped "
-        f"adapter under {ARTIFACTS}; pass adapter=null or train one with specdraft-train-early-exit."
-    )
+    return require_artifact(adapter, "exit adapter", default="early_exit")
+
+
+class ExitStep:
+    """The next-token logits of one round of early-exit drafting: tokens -> the target's layers < E
+    (their K/V go into the target's cache) -> adapter -> final norm -> (pruned) lm_head.
+
+    prev: the context adapter's second input for the next position, [1, H] post-norm: the
+    target's own final hidden state before the round's first token, then the exit's own output.
+    """
+
+    def __init__(
+        self, target: TargetModel, exit_layer: int, adapter: ExitAdapter | None, head: Tensor | None,
+        prev: Tensor | None,
+    ) -> None:
+        self.target, self.exit_layer, self.adapter, self.head = target, exit_layer, adapter, head
+        self.prev = prev
+
+    def __call__(self, feed: Tensor) -> Tensor:
+        """feed [1, n] after the cached positions -> logits [1, M or V] for the token after them."""
+        target = self.target
+        hidden = target.forward_prefix(feed.to(target.device), self.exit_layer)  # [1, n, H] layer E output
+        if self.adapter is not None and self.adapter.context:
+            for i in range(hidden.shape[1]):  # each position reads the exit's output at the one before
+                self.prev = exit_hidden(target, hidden[:, i], self.adapter, self.prev)  # [1, H] post-norm
+            out = self.prev
+        else:
+            out = exit_hidden(target, hidden[:, -1], self.adapter)  # [1, H] post-norm
+        return exit_head(target, out, self.head, inference=True)  # [1, M or V]
 
 
 class EarlyExitDrafter:
     """Draft with the target's first `exit_layer` layers (+ adapter) -> final norm -> lm_head.
 
-    `specdraft-generate drafter=early_exit drafter.exit_layer=6 drafter.adapter=smollm2-135m`
+    `specdraft-generate drafter=early_exit drafter.adapter=null drafter.exit_layer=4`
 
     exit_layer: E, 1 <= E <= number of layers (E = all layers, no adapter: q == p, every draft
-        token is accepted). None with an adapter: the adapter's own exit layer.
-    adapter: None, an adapter directory, or a target alias with a shipped adapter.
+        token is accepted). None: the adapter's own exit layer (required without an adapter).
+    adapter: None (no adapter), an adapter directory, a shipped name (`smollm2-135m/early_exit`)
+        or a target alias with a shipped adapter (`smollm2-135m`, the default).
     share_kv: reuse the draft's layers < E when the target verifies (False: recompute them).
-    draft_vocab: optional PrunedVocab JSON: the exit projects onto that subset of ids only (q is
-        zero elsewhere, so verification stays exact) - the full lm_head is most of a shallow
-        exit's cost. Default: the vocabulary the adapter was trained on, if any.
+    pruned_vocab: "auto" = the subset the adapter was trained on, if it saved one (else the full
+        vocabulary); None = the full vocabulary; a path to a `PrunedVocab` JSON; or a `PrunedVocab`.
+        The exit then projects onto that subset of ids only (q is zero elsewhere, so verification
+        stays exact): the full lm_head is most of a shallow exit's cost.
     """
 
     needs_target_hidden: ClassVar[bool] = True  # read by context adapters (a slice of the verify output)
+    hf_counterpart: ClassVar[str | None] = "hf_early_exit"  # transformers' assistant_early_exit
+    verify_curve_tokens: ClassVar[int] = 0
 
     def __init__(
         self,
         exit_layer: int | None = None,
-        adapter: str | Path | None = None,
+        adapter: str | Path | None = "smollm2-135m",
         share_kv: bool = True,
-        draft_vocab: str | Path | None = None,
+        pruned_vocab: str | Path | PrunedVocab | None = AUTO,
     ) -> None:
         self.adapter: ExitAdapter | None = None
-        adapter_dir = resolve_adapter(adapter)
-        if adapter_dir is not None:
-            self.adapter, meta = load_adapter(adapter_dir)
+        self.adapter_dir = resolve_adapter(adapter)
+        if self.adapter_dir is not None:
+            self.adapter, meta = load_adapter(self.adapter_dir)
             trained_at = int(meta["exit_layer"])
             if exit_layer is not None and exit_layer != trained_at:
                 raise ValueError(
-                    f"the adapter in {str(adapter_dir)!r} was trained at exit_layer={trained_at}, not "
-                    f"{exit_layer}; set drafter.exit_layer={trained_at} or drafter.adapter=null."
+                    f"the adapter in {str(self.adapter_dir)!r} was trained at exit_layer={trained_at}, not "
+                    f"{exit_layer}; set drafter.exit_layer={trained_at} (or null) or drafter.adapter=null."
                 )
             exit_layer = trained_at
         if exit_layer is None or exit_layer < 1:
-            raise ValueError(f"exit_layer must be an integer >= 1, got {exit_layer!r}.")
+            raise ValueError(
+                f"exit_layer must be an integer >= 1, got {exit_layer!r}; without an adapter "
+                "(adapter=null) set it, e.g. drafter.exit_layer=4."
+            )
         self.exit_layer = int(exit_layer)
         self.share_kv = share_kv
-        if draft_vocab is None and adapter_dir is not None and (adapter_dir / VOCAB_FILE).is_file():
-            draft_vocab = adapter_dir / VOCAB_FILE  # the vocabulary the adapter was trained on
-        self.vocab = PrunedVocab.load(draft_vocab) if draft_vocab is not None else None
-        self._head: torch.Tensor | None = None  # [M, H] pruned lm_head rows
+        self.pruned_vocab_spec = pruned_vocab
+        self.vocab: PrunedVocab | None = None  # resolved in bind, where the target's vocabulary is known
+        self._head: Tensor | None = None  # [M, H] pruned lm_head rows
         self._target: TargetModel | None = None
+
+    def hf_peer_kwargs(self) -> dict[str, int]:
+        """The arguments of the `hf_counterpart` "hf_early_exit" (`specdraft.bench.HFCounterpart`):
+        transformers' self-speculative `generate(..., assistant_early_exit=<exit layer>)`."""
+        return {"assistant_early_exit": self.exit_layer}
 
     def bind(self, target: TargetModel) -> None:
         """Check the split point and the adapter's size against the target; move the adapter."""
@@ -110,14 +145,9 @@ class EarlyExitDrafter:
                     f"{target.hidden_size}; use an adapter trained for this target."
                 )
             self.adapter.to(device=target.device, dtype=target.lm_head.weight.dtype)
-        if self.vocab is not None:
-            if self.vocab.vocab_size != target.vocab_size:
-                raise ValueError(
-                    f"draft_vocab was built for a vocabulary of {self.vocab.vocab_size}, the target has "
-                    f"{target.vocab_size}; rebuild it for this target."
-                )
-            self.vocab = self.vocab.to(target.device)
-            self._head = self.vocab.head(target.lm_head.weight)
+        vocab = resolve_pruned_vocab(self.pruned_vocab_spec, self.adapter_dir, target.vocab_size)
+        self.vocab = vocab.to(target.device) if vocab is not None else None
+        self._head = self.vocab.head(target.lm_head.weight) if self.vocab is not None else None
         self._target = target
 
     def reset(self) -> None:
@@ -139,23 +169,12 @@ class EarlyExitDrafter:
                 f"the target caches {target.cache_length} positions but the context has "
                 f"{ctx.token_ids.shape[1]} tokens; early exit expects all but the newest cached."
             )
-        token = ctx.token_ids[:, -1:]  # [1, 1]
         prev = None
         if self.adapter is not None and self.adapter.context:  # final hidden before the newest token
             prev = ctx.target_hidden if ctx.target_hidden is not None else target.lm_head.weight.new_zeros(
                 (1, target.hidden_size))  # [1, H]; zeros: unknown (a one-token prompt)
-        tokens, probs = [], []
-        for _ in range(num_tokens):
-            hidden = target.forward_prefix(token.to(target.device), self.exit_layer)  # [1, 1, H]
-            hidden = exit_hidden(target, hidden[:, -1], self.adapter, prev)  # [1, H] post-norm
-            logits = exit_head(target, hidden, self._head, inference=True)  # [1, V|M]
-            prev = hidden  # the next draft position's context: the exit's own feature
-            q = warp(logits, ctx.sampling)
-            token = draw(q, ctx.sampling, ctx.generator)[:, None]  # [1, 1]
-            if self.vocab is not None:
-                q, token = self.vocab.expand(q), self.vocab.to_target(token)
-            tokens.append(token)
-            probs.append(q)
+        step = ExitStep(target, self.exit_layer, self.adapter, self._head, prev)
+        draft = draft_autoregressively(step, ctx.token_ids[:, -1:], num_tokens, ctx, self.vocab)
         if not self.share_kv:
             target.discard_prefix()
-        return Draft(token_ids=torch.cat(tokens, dim=1), probs=torch.stack(probs, dim=1))
+        return draft

@@ -9,7 +9,7 @@ Deterministic: `Draft.probs` is None (one-hot q), which the verifier handles los
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -86,6 +86,8 @@ class NGramDrafter:
     """
 
     needs_target_hidden: ClassVar[bool] = False
+    hf_counterpart: ClassVar[str | None] = "hf_prompt_lookup"
+    verify_curve_tokens: ClassVar[int] = 0
 
     def __init__(self, min_ngram: int = 1, max_ngram: int = 3) -> None:
         if not 1 <= min_ngram <= max_ngram:
@@ -98,6 +100,11 @@ class NGramDrafter:
 
     def bind(self, target: TargetModel) -> None:
         """Nothing to share: the drafter only reads token ids."""
+
+    def hf_peer_kwargs(self) -> dict[str, Any]:
+        """No arguments of its own for HF prompt lookup: the bench sweeps the peer's
+        `prompt_lookup_num_tokens` itself (bench.hf_prompt_lookup_num_tokens)."""
+        return {}
 
     def reset(self) -> None:
         self._index = NGramIndex(self.min_ngram, self.max_ngram)

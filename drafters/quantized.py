@@ -3,17 +3,18 @@
 At `bind` the drafter builds a copy of the target whose decoder linear layers are quantized
 (bitsandbytes `Linear8bitLt` for bits=8, `Linear4bit` nf4/fp4 for bits=4; or torch's dynamic int8
 with backend="torch"); everything else (embeddings, norms, rotary tables, and by default the
-lm_head) is the target's own tensors, not duplicated. The copy keeps its own KV cache, drafts
-autoregressively, returns q = warp(its logits) and crops its cache back to the accepted prefix on
-commit.
+lm_head) is the target's own tensors, not duplicated. The copy runs through `TargetModel` (the
+Hugging Face stack for quantized layers, the fast stack for an unquantized copy) with its own KV
+cache (`specdraft.draft_loop.DraftCache`), drafts through the shared loop
+(`specdraft.draft_loop.draft_autoregressively`) and returns q = warp(its logits).
 
 bits=16 or 32 disables quantization: the copy is exact (it shares every tensor with the target), so
 q equals p up to float rounding and every draft token is accepted at any temperature - the sanity
-invariant. On CPU the bitsandbytes kernels are several times slower than float32 (DESIGN §8): the
-drafter is correct there, but it pays only on a GPU.
+invariant. On CPU the bitsandbytes kernels are several times slower than float32: the drafter is
+correct there, but it pays only on a GPU.
 
-Optional `draft_vocab` (a `specdraft.vocab.PrunedVocab` JSON): project onto a subset of the target's
-ids only (q is zero outside it, so verification stays exact) to cut the lm_head cost.
+Optional `pruned_vocab` (`specdraft.vocab.resolve_pruned_vocab`): project onto a subset of the
+target's ids only (q is zero outside it, so verification stays exact) to cut the lm_head cost.
 """
 
 from __future__ import annotations
@@ -21,18 +22,15 @@ from __future__ import annotations
 import copy
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
-from transformers import DynamicCache
 
-from specdraft.draft_loop import draft_autoregressively
+from specdraft.draft_loop import DraftCache, draft_autoregressively
 from specdraft.protocol import Draft, DraftContext
-from specdraft.vocab import PrunedVocab
-
-if TYPE_CHECKING:
-    from specdraft.target import TargetModel
+from specdraft.target import TargetModel
+from specdraft.vocab import PrunedVocab, resolve_pruned_vocab
 
 BITS = (4, 8, 16, 32)
 QUANT_TYPES = ("nf4", "fp4")
@@ -136,16 +134,19 @@ class QuantizedDrafter:
     bits: 8 (int8), 4 (quant_type nf4 or fp4), or 16/32 = no quantization (an exact copy).
     backend: "bitsandbytes" (CPU path here, CUDA kernels on a GPU) or "torch" (dynamic int8, bits=8).
     share_embeddings: keep the target's lm_head (True) or quantize it too (False).
-    draft_vocab: optional PrunedVocab JSON: project onto that subset of ids only.
+    pruned_vocab: None = the full vocabulary; a path to a `PrunedVocab` JSON or a `PrunedVocab`:
+        project onto that subset of ids only ("auto" is None too: a quantized copy has no artifact
+        to save a subset with).
     int8_threshold: LLM.int8 outlier threshold (activations above it stay in 16 bit; 0 = pure int8).
-        On SmolLM2-135M's greedy answers to the built-in suite, top-1 agreement with the target
-        (= greedy acceptance per draft token): 0.951 at 6.0, 0.968 at 2.0, 0.933 at 0
-        (benchmarks/quant_agreement.py); lower thresholds keep more columns in 16 bit (slower).
+        Lower thresholds agree more often with the target but keep more columns in 16 bit (slower);
+        benchmarks/RESULTS.md has the measured agreement per setting.
     blocksize: inputs per 4-bit quantization block (one absmax scale each; smaller = more exact,
         more scale memory); bitsandbytes' default is 64.
     """
 
     needs_target_hidden: ClassVar[bool] = False
+    hf_counterpart: ClassVar[str | None] = None  # Hugging Face generation has no quantized-copy mode
+    verify_curve_tokens: ClassVar[int] = 0
 
     def __init__(
         self,
@@ -153,7 +154,7 @@ class QuantizedDrafter:
         quant_type: str = "nf4",
         backend: str = "bitsandbytes",
         share_embeddings: bool = True,
-        draft_vocab: str | Path | None = None,
+        pruned_vocab: str | Path | PrunedVocab | None = None,
         int8_threshold: float = 6.0,
         blocksize: int = 64,
     ) -> None:
@@ -171,21 +172,16 @@ class QuantizedDrafter:
         self.share_embeddings = share_embeddings
         self.int8_threshold = int8_threshold
         self.blocksize = blocksize
-        self.vocab = PrunedVocab.load(draft_vocab) if draft_vocab is not None else None
+        self.pruned_vocab_spec = pruned_vocab
+        self.vocab: PrunedVocab | None = None
         self.model: nn.Module | None = None
         self.memory: dict[str, int] = {}
         self._head: Tensor | None = None  # [M, H] pruned head rows
-        self._cache: DynamicCache | None = None
-        self._cached = 0  # positions in own cache
-        self._round_start = 0  # context length when the last draft started
+        self._cache: DraftCache | None = None  # the copy (through TargetModel) and its KV cache
 
     def bind(self, target: TargetModel) -> None:
         """Build the quantized copy (once per target) and report its memory."""
-        if self.vocab is not None and self.vocab.vocab_size != target.vocab_size:
-            raise ValueError(
-                f"draft_vocab was built for a vocabulary of {self.vocab.vocab_size}, the target has "
-                f"{target.vocab_size}; rebuild it for this target."
-            )
+        vocab = resolve_pruned_vocab(self.pruned_vocab_spec, None, target.vocab_size)
         if self.backend == "torch" and target.device.type != "cpu":
             raise ValueError("backend='torch' (dynamic int8) runs on CPU only; use backend='bitsandbytes'.")
         # bitsandbytes logs on every int8 matmul that float32 inputs are cast to float16 (expected).
@@ -193,40 +189,36 @@ class QuantizedDrafter:
         self.model = quantized_copy(target.model, self.bits, self.quant_type, self.backend,
                                     self.share_embeddings, self.int8_threshold, self.blocksize)
         self.memory = memory_report(target.model, self.model)
-        if self.vocab is not None:
-            self.vocab = self.vocab.to(target.device)
-            self._head = self.vocab.head(target.lm_head.weight)
+        self.vocab = vocab.to(target.device) if vocab is not None else None
+        self._head = self.vocab.head(target.lm_head.weight) if self.vocab is not None else None
+        # quantized layers are not float nn.Linear: "auto" runs them on the Hugging Face stack
+        self._cache = DraftCache(TargetModel(self.model, eos_token_ids=target.eos_token_ids, fast="auto"))
         self.reset()
 
     def reset(self) -> None:
-        self._cache, self._cached, self._round_start = None, 0, 0
+        """New prompt: an empty cache."""
+        if self._cache is not None:
+            self._cache.reset()
 
     def commit(self, ctx: DraftContext, num_accepted: int) -> None:
-        """Keep the context the draft started from plus the accepted draft tokens that are cached."""
-        keep = min(self._cached, self._round_start + num_accepted)
-        if self._cache is not None and keep < self._cached:
-            self._cache.crop(keep - self._cached)  # transformers 5: a negative count removes
-        self._cached = keep
+        """Keep only the cached positions that match the committed tokens (drops rejected K/V)."""
+        if self._cache is not None:
+            self._cache.sync(ctx.token_ids)
 
-    def _logits(self, token_ids: Tensor) -> Tensor:
-        """Run token_ids [1, k] after the cached positions; logits [1, V or M] of the last one."""
-        assert self.model is not None
-        hidden = self.model.base_model(input_ids=token_ids, cache=self._cache, use_cache=True).last_hidden_state
-        self._cached += token_ids.shape[1]
-        last = hidden[:, -1]  # [1, H]
+    def _next_logits(self, feed: Tensor) -> Tensor:
+        """Run feed [1, n] after the cached positions; logits [1, M or V] of the next token."""
+        assert self._cache is not None
+        hidden = self._cache.forward(feed)  # [1, H] post-norm
         if self.vocab is not None:
-            return self.vocab.logits(last, self._head).float()
-        return self.model.get_output_embeddings()(last).float()
+            return self.vocab.logits(hidden, self._head).float()
+        return self._cache.runner.logits(hidden)  # the copy's own lm_head (quantized or shared)
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext, num_tokens: int) -> Draft:
-        """Catch the own cache up with ctx, then draft num_tokens tokens one at a time."""
-        if self.model is None:
+        """Catch the copy's cache up with ctx, then draft num_tokens tokens one at a time."""
+        if self._cache is None:
             raise ValueError("QuantizedDrafter.propose called before bind(target).")
         if ctx.token_ids.shape[0] != 1:
             raise NotImplementedError("QuantizedDrafter supports batch size 1.")
-        if self._cache is None:
-            self._cache = DynamicCache(config=self.model.config)
-        self._round_start = ctx.token_ids.shape[1]
-        inputs = ctx.token_ids[:, self._cached :]  # [1, n] (at least the newest token)
-        return draft_autoregressively(self._logits, inputs, num_tokens, ctx, self.vocab)
+        feed = self._cache.feed(ctx.token_ids)  # [1, n >= 1] not yet in the copy's cache
+        return draft_autoregressively(self._next_logits, feed, num_tokens, ctx, self.vocab)

@@ -6,7 +6,9 @@ ratio comes from one run on one machine state. Writes into Hydra's run dir:
 
     results.json   per prompt x method: tokens, tok/s, speedup vs AR, acceptance (overall and per
                    position), mean accepted length, draft/verify/overhead seconds, measured
-                   c = T_q/T_p, the verify cost curve T_v(k), predicted speedup and efficiency
+                   c = T_q/T_p, measured verify seconds per k, the verify-cost curve T_v(k)/T_v(0)
+                   (`specdraft.costs.verify_curve`), predicted speedup (`specdraft.theory`) and
+                   efficiency (measured / predicted)
     results.md     a table per category and overall
     *.png          acceptance per position, speedup per category, measured vs predicted speedup
 
@@ -24,7 +26,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import hydra
 import torch
@@ -33,7 +35,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from specdraft import theory
+from specdraft import costs, theory
 from specdraft.build import drafter_config, make_decoder, make_drafter
 from specdraft.decode import SpeculativeDecoder
 from specdraft.stats import GenerationStats
@@ -42,9 +44,28 @@ from specdraft.target import TargetModel
 
 AR = "autoregressive"
 PEERS = ("hf_generate", "hf_prompt_lookup", "hf_assisted", "hf_early_exit")
-# Which HF peer is the counterpart of which drafter class (for the "ours vs HF" table).
-COUNTERPART = {"NGramDrafter": "hf_prompt_lookup", "DraftModelDrafter": "hf_assisted",
-               "EarlyExitDrafter": "hf_early_exit"}
+
+
+@runtime_checkable
+class HFCounterpart(Protocol):
+    """What a drafter whose `hf_counterpart` is not None also provides: the arguments that make its
+    Hugging Face peer do the same thing with the same weights, e.g. {"assistant_model": draft} for
+    "hf_assisted" or {"assistant_early_exit": exit_layer} for "hf_early_exit" ({} when the peer
+    needs nothing from the drafter). Asked after `bind`."""
+
+    hf_counterpart: ClassVar[str | None]
+
+    def hf_peer_kwargs(self) -> dict[str, Any]: ...
+
+
+def peer_kwargs(drafter: Any) -> dict[str, Any]:
+    """The arguments of the drafter's declared Hugging Face counterpart (`HFCounterpart`)."""
+    if isinstance(drafter, HFCounterpart):
+        return drafter.hf_peer_kwargs()
+    raise ValueError(
+        f"{type(drafter).__name__} declares hf_counterpart={type(drafter).hf_counterpart!r} but has no "
+        "hf_peer_kwargs() giving that peer's arguments; implement it (see specdraft.bench.HFCounterpart)."
+    )
 
 
 @dataclass
@@ -64,11 +85,12 @@ class Method:
     decoder: SpeculativeDecoder | None = None
     peer: str | None = None
     peer_kwargs: dict[str, Any] = field(default_factory=dict)
-    drafter_class: str | None = None
+    hf_counterpart: str | None = None  # the drafter's declared HF counterpart (ours vs HF table)
+    baseline: str = AR  # the autoregressive method on the same target (forward stack)
 
     def run(self, target: TargetModel, ids: list[int], max_new: int, sampling: Any) -> Run:
         if self.decoder is not None:
-            res = self.decoder.generate(ids, max_new)
+            res = self.decoder.generate(ids, max_new, sampling=sampling)
             return Run(res.stats.total_s, res.token_ids[0].tolist(), res.stats)
         return run_peer(target, ids, max_new, sampling, self.peer_kwargs)
 
@@ -90,46 +112,48 @@ def run_peer(
     else:
         gen_kwargs.update(do_sample=True, temperature=sampling.temperature,
                           top_k=sampling.top_k or None, top_p=sampling.top_p)
-        torch.manual_seed(sampling.seed)  # HF `generate` samples from the global RNG only
     gen_kwargs.update(kwargs)
-    t0 = time.perf_counter()
-    with torch.inference_mode():
+    # HF `generate` samples from the global RNG only: seed it inside a fork, which restores the
+    # caller's RNG state afterwards.
+    devices = [target.device] if target.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), torch.inference_mode():
+        torch.manual_seed(sampling.seed)
+        t0 = time.perf_counter()
         out = target.model.generate(inp, **gen_kwargs)
-    seconds = time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
     return Run(seconds, out[0, len(ids):].tolist())
 
 
 def make_peers(cfg: DictConfig, target: TargetModel, drafters: dict[str, Any]) -> list[Method]:
-    """Hugging Face counterparts requested in bench.peers."""
+    """Hugging Face counterparts requested in bench.peers; a peer's arguments come from the first
+    drafter of the run that declares it as its counterpart (`HFCounterpart.hf_peer_kwargs`)."""
     methods = []
     for name in cfg.bench.peers:
         if name not in PEERS:
             raise ValueError(f"unknown peer {name!r}; choose from {list(PEERS)}.")
+        own = next((peer_kwargs(d) for d in drafters.values() if type(d).hf_counterpart == name), None)
         if name == "hf_generate":
             methods.append(Method(name, peer=name))
         elif name == "hf_prompt_lookup":
             for k in cfg.bench.hf_prompt_lookup_num_tokens:
                 methods.append(Method(f"{name}[{k}]", peer=name,
-                                      peer_kwargs={"prompt_lookup_num_tokens": int(k)}))
+                                      peer_kwargs={**(own or {}), "prompt_lookup_num_tokens": int(k)}))
         elif name == "hf_early_exit":
-            exit_layer = next((getattr(d, "exit_layer", None) for d in drafters.values()
-                               if hasattr(d, "exit_layer")), None) or cfg.bench.hf_early_exit_layer
-            methods.append(Method(f"{name}[{exit_layer}]", peer=name,
-                                  peer_kwargs={"assistant_early_exit": int(exit_layer)}))
+            kwargs = own or {"assistant_early_exit": int(cfg.bench.hf_early_exit_layer)}
+            methods.append(Method(f"{name}[{kwargs['assistant_early_exit']}]", peer=name, peer_kwargs=kwargs))
         elif name == "hf_assisted":
-            assistant = next((d.hf_assistant_model() for d in drafters.values()
-                              if hasattr(d, "hf_assistant_model")), None)
-            if assistant is None:
+            if own is None:
                 print("[bench] hf_assisted skipped: no drafter in this run provides a draft model "
                       "(add draft_model to bench.drafters)", file=sys.stderr)
                 continue
-            methods.append(Method(name, peer=name, peer_kwargs={"assistant_model": assistant}))
+            methods.append(Method(name, peer=name, peer_kwargs=own))
     return methods
 
 
 # ----------------------------------------------------------------------------- metrics
-def verify_curve(stats: list[GenerationStats]) -> dict[int, float]:
-    """Mean seconds of a verify forward per number of draft tokens k, pooled over runs."""
+def verify_seconds_by_k(stats: list[GenerationStats]) -> dict[int, float]:
+    """Measured mean seconds of a verify forward per number of draft tokens k, pooled over runs
+    (reported, and the scale of the one verify-cost model: T_v(0) of the AR baseline)."""
     tot: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for s in stats:
         for k, (sec, n) in s.verify_s_by_k.items():
@@ -138,24 +162,26 @@ def verify_curve(stats: list[GenerationStats]) -> dict[int, float]:
     return {k: v[0] / v[1] for k, v in sorted(tot.items()) if v[1]}
 
 
-def predicted_speedup(s: GenerationStats, t_p0: float, curve: dict[int, float]) -> float | None:
-    """Theory's speedup for the K mix this run actually used, from measured acceptance and costs:
-    the rounds are predicted to emit sum_k n_k E[N](k) tokens in sum_k n_k (k T_q + T_v(k))
-    seconds, where AR needs T_v(0) per token; both pay the same prefill."""
-    if s.rounds == 0 or t_p0 <= 0:
+def run_predicted_speedup(
+    s: GenerationStats, curve: list[float], step_s: float, ar_step_s: float
+) -> float | None:
+    """`theory.predicted_speedup` of the K mix this run actually used, from its measured acceptance
+    and drafting cost and the target's verify-cost model: T_v(k) = step_s * curve[k], where step_s
+    is one AR step on this method's target and ar_step_s one step of the baseline it is compared
+    with; both pay the same prefill."""
+    if s.rounds == 0 or step_s <= 0 or ar_step_s <= 0:
         return None
     t_q = s.draft_s / s.drafted if s.drafted else 0.0
-    acc = s.acceptance_per_position
-    tokens = seconds = 0.0
-    for k, (_, n) in s.verify_s_by_k.items():
-        k = int(k)
-        tokens += n * theory.expected_tokens_from_profile(acc, k)
-        seconds += n * (k * t_q + curve.get(k, t_p0))
-    return (s.prefill_s + tokens * t_p0) / (s.prefill_s + seconds) if seconds > 0 else None
+    mix = {int(k): n for k, (_, n) in s.verify_s_by_k.items()}
+    t_v = [step_s * c for c in curve]
+    return theory.predicted_speedup(s.acceptance_per_position, t_q, t_v, mix, s.prefill_s, ar_step_s)
 
 
-def summarize(method: Method, runs: list[Run], ar_runs: list[Run], t_p0: float) -> dict[str, Any]:
-    """Median-based record of one method on one prompt."""
+def summarize(
+    method: Method, runs: list[Run], ar_runs: list[Run], step_s: dict[str, float]
+) -> dict[str, Any]:
+    """Median-based record of one method on one prompt; step_s: seconds of one AR step per
+    baseline method (measured in this prompt's runs)."""
     med = statistics.median(r.seconds for r in runs)
     ar_med = statistics.median(r.seconds for r in ar_runs)
     tokens = len(runs[0].token_ids)
@@ -171,11 +197,13 @@ def summarize(method: Method, runs: list[Run], ar_runs: list[Run], t_p0: float) 
         "greedy_match": runs[0].token_ids == ar_runs[0].token_ids,
     }
     stats = [r.stats for r in runs if r.stats is not None]
-    if stats:
+    if stats and method.decoder is not None:
         s = stats[len(stats) // 2]
-        curve = verify_curve(stats)
+        max_k = max((int(k) for k in s.verify_s_by_k), default=0)
+        curve = costs.verify_curve(method.decoder.target, max_k)
         t_q = s.draft_s / s.drafted if s.drafted else None
-        pred = predicted_speedup(s, t_p0, curve)
+        ar_step = step_s.get(AR, 0.0)
+        pred = run_predicted_speedup(s, curve, step_s.get(method.baseline, 0.0), ar_step)
         rec.update(
             acceptance_rate=s.acceptance_rate,
             acceptance_per_position=s.acceptance_per_position,
@@ -186,8 +214,9 @@ def summarize(method: Method, runs: list[Run], ar_runs: list[Run], t_p0: float) 
             overhead_s=s.overhead_s,
             overhead_fraction=s.overhead_fraction,
             prefill_s=s.prefill_s,
-            c=(t_q / t_p0) if (t_q is not None and t_p0 > 0) else None,
-            verify_curve={str(k): v for k, v in curve.items()},
+            c=(t_q / ar_step) if (t_q is not None and ar_step > 0) else None,
+            verify_s_by_k={str(k): v for k, v in verify_seconds_by_k(stats).items()},
+            verify_curve=curve,
             predicted_speedup=pred,
             efficiency=(rec["speedup"] / pred) if (pred and rec["speedup"]) else None,
         )
@@ -207,7 +236,7 @@ def build_methods(cfg: DictConfig, target: TargetModel) -> list[Method]:
     if cfg.bench.get("plain_stack") and target.fast:
         plain = TargetModel(target.model, target.tokenizer, target.eos_token_ids, fast=False)
         targets.append(("[plain]", plain))
-        methods.append(Method(AR + "[plain]", decoder=make_decoder(cfg, plain, None)))
+        methods.append(Method(AR + "[plain]", decoder=make_decoder(cfg, plain, None), baseline=AR + "[plain]"))
     drafters = {}
     for suffix, tgt in targets:
         for name, dcfg in drafter_cfgs.items():
@@ -218,7 +247,7 @@ def build_methods(cfg: DictConfig, target: TargetModel) -> list[Method]:
             if not suffix:
                 drafters[label] = drafter
             methods.append(Method(label, decoder=make_decoder(cfg, tgt, drafter),
-                                  drafter_class=type(drafter).__name__))
+                                  hf_counterpart=type(drafter).hf_counterpart, baseline=AR + suffix))
     return methods + make_peers(cfg, target, drafters)
 
 
@@ -247,11 +276,18 @@ def select_prompts(cfg: DictConfig) -> list[SuitePrompt]:
 
 
 def run_bench(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
-    """Run the whole comparison and write results.json / results.md / plots into out_dir."""
-    torch.set_num_threads(cfg.bench.threads or torch.get_num_threads())
+    """Run the whole comparison and write results.json / results.md / plots into out_dir.
+
+    Every generation starts from the same state (each `generate` builds a fresh K policy), so
+    warm-ups and the rotation order change no prompt's K choices. Process-wide settings (threads)
+    are the caller's: `main` sets them from the config."""
     target = instantiate(cfg.target)
     methods = build_methods(cfg, target)
     prompts = select_prompts(cfg)
+    curve_tokens = max([int(cfg.max_draft_tokens)]
+                       + [type(m.decoder.drafter).verify_curve_tokens for m in methods if m.decoder and m.decoder.drafter])
+    for tgt in {id(m.decoder.target): m.decoder.target for m in methods if m.decoder}.values():
+        costs.verify_curve(tgt, curve_tokens)  # the one verify-cost model, measured before any timing
     sampling = methods[0].decoder.sampling  # type: ignore[union-attr]
     reps = int(cfg.bench.repetitions)
     records = []
@@ -269,10 +305,11 @@ def run_bench(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
                     runs[method.name].append(run)
                 bar.update(1)
         ar_runs = runs[AR]
-        t_p0 = verify_curve([r.stats for r in ar_runs if r.stats]).get(0, 0.0)
+        step_s = {m.name: verify_seconds_by_k([r.stats for r in runs[m.name] if r.stats]).get(0, 0.0)
+                  for m in methods if m.name == m.baseline}
         for method in methods:
-            rec = summarize(method, runs[method.name], ar_runs, t_p0)
-            rec.update(prompt=prompt.id, category=prompt.category, drafter_class=method.drafter_class)
+            rec = summarize(method, runs[method.name], ar_runs, step_s)
+            rec.update(prompt=prompt.id, category=prompt.category, hf_counterpart=method.hf_counterpart)
             if not sampling.greedy:  # sampled outputs differ by design: there is nothing to compare
                 rec["greedy_match"] = None
             if sampling.greedy and not rec["greedy_match"]:
@@ -334,10 +371,9 @@ def peer_ratios(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     by_prompt: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
     for r in records:
         by_prompt[r["prompt"]][r["method"]] = r
-    methods = {r["method"]: r.get("drafter_class") for r in records}
+    methods = {r["method"]: r.get("hf_counterpart") for r in records}
     out = []
-    for name, cls in methods.items():
-        peer = COUNTERPART.get(cls or "")
+    for name, peer in methods.items():
         if not peer:
             continue
         variants = sorted({m for m in methods if m.split("[")[0] == peer})
@@ -394,6 +430,8 @@ def render_markdown(result: dict[str, Any]) -> str:
 
 @hydra.main(version_base="1.3", config_path="pkg://conf", config_name="bench")
 def main(cfg: DictConfig) -> None:
+    if cfg.bench.threads:
+        torch.set_num_threads(int(cfg.bench.threads))
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     result = run_bench(cfg, out_dir)
     md = render_markdown(result)

@@ -23,7 +23,6 @@ import numpy as np
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
-from scipy import stats as scipy_stats
 from tqdm import tqdm
 from transformers import DynamicCache
 
@@ -118,21 +117,29 @@ def chisquare_pvalue(counts: np.ndarray, probs: np.ndarray, min_expected: float 
     obs, exp = obs[keep], exp[keep]
     if len(obs) < 2:
         return 1.0
-    return float(scipy_stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue)
+    exp = exp * obs.sum() / exp.sum()
+    return chi2_survival(float(((obs - exp) ** 2 / exp).sum()), len(obs) - 1)
+
+
+def chi2_survival(statistic: float, dof: int) -> float:
+    """P(X >= statistic) for X ~ chi-square with `dof` degrees of freedom: the regularised upper
+    incomplete gamma Q(dof / 2, statistic / 2) (torch has it; no scipy needed at run time)."""
+    half = torch.tensor([dof / 2.0, statistic / 2.0], dtype=torch.float64)
+    return float(torch.special.gammaincc(half[0], half[1]))
 
 
 def audit_sampling(
     decoder: SpeculativeDecoder, prompt: list[int], num_samples: int, progress: bool = False
 ) -> float:
-    """p-value of the decoder's first-two-token law against the target's exact law."""
+    """p-value of the decoder's first-two-token law against the target's exact law: generation i
+    uses the decoder's sampling settings with seed + i (passed per call; the decoder is unchanged)."""
     base = decoder.sampling
     table = exact_cells(decoder.target, prompt, base)
     counts = np.zeros(len(table.probs))
     for seed in tqdm(range(num_samples), desc="check", disable=not progress):
-        decoder.sampling = SamplingConfig(base.temperature, base.top_k, base.top_p, base.seed + seed)
-        toks = decoder.generate(prompt, 2, stop_token_ids=[]).token_ids[0].tolist()
+        sampling = SamplingConfig(base.temperature, base.top_k, base.top_p, base.seed + seed)
+        toks = decoder.generate(prompt, 2, stop_token_ids=[], sampling=sampling).token_ids[0].tolist()
         counts[table.cell(toks[0], toks[1])] += 1
-    decoder.sampling = base
     return chisquare_pvalue(counts, table.probs)
 
 

@@ -1,9 +1,11 @@
-"""The target's verify-cost curve T_v(k) / T_v(0), measured once per model and device and cached on
-disk, so the cost model's choice of K follows the real curve from the first round instead of a
-guessed slope (on this CPU the plain HF forward made T_v non-monotone; the fast stack made it flat).
+"""The one verify-cost model: the target's curve T_v(k) / T_v(0), measured once per process and
+model instance (`verify_curve`) through a disk cache per model and device. The K policy
+(`specdraft.gamma`), Medusa's tree sizing and the bench all read it; the shape depends on the machine
+and the forward stack, so it is measured, never a constant.
 
 T_v(k) is the target forward that scores k draft tokens, i.e. k + 1 new positions, after a cached
-context; the curve is the same measurement as benchmarks/verify_cost.py, shortened.
+context; the curve is the same measurement as benchmarks/verify_cost.py, shortened. Nothing here runs
+at import or when a decoder or drafter is built: callers ask for the curve when they need it.
 Cache: $SPECDRAFT_CACHE_DIR/verify_cost.json (default ~/.cache/specdraft), keyed by the model's
 config, device, dtype, fast/plain stack, torch version and thread count.
 """

@@ -1,6 +1,6 @@
 """Offline data: the training corpus that exists on every machine, and user text files.
 
-Corpus (DESIGN §7): the Python standard library's source (`sysconfig.get_paths()["stdlib"]`) and its
+Corpus: the Python standard library's source (`sysconfig.get_paths()["stdlib"]`) and its
 English reference text (`pydoc_data/topics.py`), plus any user text / JSONL files. The split into
 train / eval is by a stable hash of the document name, so it never changes between runs or machines
 with the same Python version.

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from specdraft.costs import cached_verify_curve
-from specdraft.gamma import CostModelGamma, FixedGamma, GammaPolicy, make_gamma_policy
+from specdraft import costs
+from specdraft.gamma import CostModelGamma, FixedGamma, GammaPolicy, check_num_draft_tokens
 from specdraft.protocol import Draft, DraftContext, Drafter
 from specdraft.sampling import SamplingConfig, warp
 from specdraft.stats import GenerationStats
@@ -40,14 +40,22 @@ class GenerationResult:
 class SpeculativeDecoder:
     """Generate from `target`, drafting with `drafter` (None = plain autoregressive decoding).
 
-    num_draft_tokens: K, the draft tokens asked for per round (>= 0), or "auto": the online cost
-        model of `specdraft.gamma` picks K each round (0 = a plain AR round when drafting does not pay).
+    num_draft_tokens: the draft tokens asked for per round (an int >= 0), or "auto": the online
+        cost model of `specdraft.gamma` picks K each round (0 = a plain AR round when drafting does
+        not pay).
     max_draft_tokens: the largest K "auto" may choose.
-    verify_curve: for "auto": the target's T_v(k)/T_v(0); "cached" = measured once per model and
-        device and cached on disk (specdraft/costs.py, ~1 s the first time); None = a slope prior.
-    sampling: temperature / top-k / top-p / seed, applied identically to target and drafter.
+    verify_curve: for "auto": the target's T_v(k)/T_v(0), k = 0..max_draft_tokens; None = the one
+        verify-cost model, `specdraft.costs.verify_curve(target, max_draft_tokens)`, measured on the
+        first generation that needs it (outside that generation's timings), once per model.
+    sampling: temperature / top-k / top-p / seed, applied identically to target and drafter (a
+        `generate` call may pass its own instead).
     sampler: the lossless verifier for temperature > 0 (injectable only so that audits such as
         `specdraft-check` can prove they catch a broken one).
+    keep_policy: False (default): every `generate` starts the K policy afresh, so a prompt's K
+        choices never depend on the prompts before it. True: one policy learns across calls (a
+        server that sees one kind of traffic).
+
+    Construction does no timing and no disk I/O: everything measured is measured lazily.
     """
 
     def __init__(
@@ -58,41 +66,61 @@ class SpeculativeDecoder:
         sampling: SamplingConfig | None = None,
         sampler: Callable[..., VerifyResult] = rejection_sample,
         max_draft_tokens: int = 8,
-        verify_curve: Sequence[float] | str | None = "cached",
+        verify_curve: Sequence[float] | None = None,
+        keep_policy: bool = False,
     ) -> None:
-        policy = make_gamma_policy(num_draft_tokens, max_k=max_draft_tokens)  # validates
-        if isinstance(policy, CostModelGamma) and drafter is not None and verify_curve is not None:
-            if verify_curve == "cached":
-                policy.set_verify_curve(cached_verify_curve(target, max_draft_tokens))
-            elif isinstance(verify_curve, str):
-                raise ValueError(f"verify_curve must be 'cached', None or a list of floats, got {verify_curve!r}.")
-            else:
-                policy.set_verify_curve([float(c) for c in verify_curve])
+        num_draft_tokens = check_num_draft_tokens(num_draft_tokens)
+        if isinstance(max_draft_tokens, bool) or not isinstance(max_draft_tokens, int) or max_draft_tokens < 0:
+            raise ValueError(f"max_draft_tokens must be an integer >= 0, got {max_draft_tokens!r}.")
+        if isinstance(verify_curve, str) or (verify_curve is not None and len(verify_curve) <= max_draft_tokens):
+            raise ValueError(
+                f"verify_curve must be None (measure it) or max_draft_tokens + 1 = {max_draft_tokens + 1} "
+                f"floats T_v(k)/T_v(0), got {verify_curve!r}."
+            )
         self.target = target
         self.drafter = drafter
-        self.policy: GammaPolicy = policy if drafter is not None else FixedGamma(0)
+        self.num_draft_tokens = num_draft_tokens if drafter is not None else 0
+        self.max_draft_tokens = max_draft_tokens
+        self.verify_curve = None if verify_curve is None else [float(c) for c in verify_curve]
         self.sampling = sampling or SamplingConfig()
         self.sampler = sampler
+        self.keep_policy = keep_policy
+        self._kept_policy: GammaPolicy | None = None
         if drafter is not None:
             drafter.bind(target)
 
     # ------------------------------------------------------------------------------- public
+    def new_policy(self) -> GammaPolicy:
+        """A fresh K policy for this decoder's setting; for "auto" this reads the target's verify
+        curve (measured here the first time, once per model)."""
+        if self.num_draft_tokens != "auto":
+            return FixedGamma(int(self.num_draft_tokens))
+        curve = self.verify_curve
+        if curve is None:
+            curve = costs.verify_curve(self.target, self.max_draft_tokens)
+        return CostModelGamma(curve, max_k=self.max_draft_tokens)
+
     def generate(
         self,
         prompt_ids: Tensor | Sequence[int],
         max_new_tokens: int,
         stop_token_ids: Sequence[int] | None = None,
+        sampling: SamplingConfig | None = None,
     ) -> GenerationResult:
         """Generate up to `max_new_tokens` tokens after `prompt_ids` ([T] or [1, T] token ids).
 
         Generation ends after the first stop token (default: the target's EOS tokens; pass [] to
-        disable), which is included in the output.
+        disable), which is included in the output. `sampling` overrides the decoder's settings for
+        this call only.
         """
         prompt = self._check_inputs(prompt_ids, max_new_tokens)  # [1, T] on CPU
         stop = set(self.target.eos_token_ids if stop_token_ids is None else stop_token_ids)
         needs_hidden = bool(self.drafter is not None and self.drafter.needs_target_hidden)
         device = self.target.device
-        gen = self.sampling.make_generator("cpu")
+        sampling = sampling or self.sampling
+        self._measure_costs()  # before the clock starts: a first measurement is not this call's time
+        policy = self._policy()
+        gen = sampling.make_generator("cpu")
         stats = GenerationStats(prompt_tokens=prompt.shape[1])
         t_start = time.perf_counter()
 
@@ -111,8 +139,8 @@ class SpeculativeDecoder:
 
         generated, done, first_round = 0, max_new_tokens == 0, True
         while not done:
-            ctx = DraftContext(buf[:, :n], hidden, self.sampling, gen)
-            k_max = self.policy.choose(max_new_tokens - generated - 1)
+            ctx = DraftContext(buf[:, :n], hidden, sampling, gen)
+            k_max = policy.choose(max_new_tokens - generated - 1)
 
             t0 = time.perf_counter()
             draft = self._propose(ctx, k_max, device)
@@ -128,9 +156,9 @@ class SpeculativeDecoder:
             stats.record_verify(k, t2 - t1)
 
             if draft.parents is None:
-                result = self._verify(draft, out.logits, gen)
+                result = self._verify(draft, out.logits, sampling, gen)
             else:  # verify the tree; the cache keeps the accepted path, returned as a chain
-                draft, out, result = tree_accept(self.target, draft, out, self.sampling, gen)
+                draft, out, result = tree_accept(self.target, draft, out, sampling, gen)
             # One host sync per round: accepted count, draft and next token together.
             host = torch.cat([result.num_accepted, draft.token_ids[0], result.next_token]).tolist()
             num_accepted = host[0]
@@ -150,12 +178,12 @@ class SpeculativeDecoder:
 
             if self.drafter is not None and not done:
                 t3 = time.perf_counter()
-                self.drafter.commit(DraftContext(buf[:, :n], hidden, self.sampling, gen), num_accepted)
+                self.drafter.commit(DraftContext(buf[:, :n], hidden, sampling, gen), num_accepted)
                 draft_s += time.perf_counter() - t3
             stats.draft_s += draft_s
             # The first round's drafting includes catching the drafter up on the prompt (a draft
             # model's prefill): not a per-token cost, so the policy does not learn T_d from it.
-            self.policy.observe(k, num_accepted, None if first_round else draft_s, t2 - t1)
+            policy.observe(k, num_accepted, None if first_round else draft_s, t2 - t1)
             first_round = False
 
         new_tokens = buf[:, prompt.shape[1] : n].cpu()  # [1, N]
@@ -163,6 +191,26 @@ class SpeculativeDecoder:
         return GenerationResult(token_ids=new_tokens, stats=stats)
 
     # ------------------------------------------------------------------------------- steps
+    def _measure_costs(self) -> None:
+        """Measure the target's verify-cost curve as far as the K policy and the drafter read it
+        (once per process and model; `specdraft.costs.verify_curve` keeps it on the target), so that
+        neither measures in the middle of a generation, where measuring would clear the KV cache."""
+        if self.drafter is None:
+            return
+        need = type(self.drafter).verify_curve_tokens
+        if self.num_draft_tokens == "auto" and self.verify_curve is None:
+            need = max(need, self.max_draft_tokens)
+        if need > 0:
+            costs.verify_curve(self.target, need)
+
+    def _policy(self) -> GammaPolicy:
+        """This call's K policy: fresh, or the one kept across calls (keep_policy=True)."""
+        if not self.keep_policy:
+            return self.new_policy()
+        if self._kept_policy is None:
+            self._kept_policy = self.new_policy()
+        return self._kept_policy
+
     def _propose(self, ctx: DraftContext, k_max: int, device: torch.device) -> Draft:
         if self.drafter is None or k_max <= 0:
             return Draft(token_ids=torch.empty((1, 0), dtype=torch.long, device=device))
@@ -175,10 +223,12 @@ class SpeculativeDecoder:
         parents = None if draft.parents is None else draft.parents.to(device)  # a tree (Medusa)
         return Draft(token_ids=draft.token_ids.to(device), probs=draft.probs, parents=parents)
 
-    def _verify(self, draft: Draft, logits: Tensor, gen: torch.Generator) -> VerifyResult:
-        if self.sampling.greedy:
+    def _verify(
+        self, draft: Draft, logits: Tensor, sampling: SamplingConfig, gen: torch.Generator
+    ) -> VerifyResult:
+        if sampling.greedy:
             return greedy_verify(draft.token_ids, logits)
-        target_probs = warp(logits, self.sampling)  # [1, K+1, V]
+        target_probs = warp(logits, sampling)  # [1, K+1, V]
         return self.sampler(draft.token_ids, draft.probs, target_probs, gen)
 
     def _check_inputs(self, prompt_ids: Tensor | Sequence[int], max_new_tokens: int) -> Tensor:

@@ -1,15 +1,17 @@
-"""The autoregressive drafting loop shared by drafters that run a model of their own.
+"""The autoregressive drafting loop: the one loop of every drafter that drafts a token at a time
+with a model (a draft model, a quantized copy of the target, the target's own early exit).
 
-A draft model and a quantized copy of the target draft the same way: feed the tokens their cache
-has not seen, take the next-token logits, warp them with the shared sampling rule, draw a token
-(the argmax at temperature 0), feed it back. Only "how to get the next logits" differs, so that is
-the one argument.
+They all draft the same way: feed the tokens the model has not seen, take the next-token logits,
+warp them with the shared sampling rule, draw a token (the argmax at temperature 0), feed it back.
+Only "how to get the next logits" differs, so that is the one argument (`next_logits`). A drafter
+that runs a model of its own keeps that model's KV cache in step with the committed tokens through
+`DraftCache`.
 
 Optionally a copy source (`copy`: e.g. prompt lookup over the context) proposes the token that
 followed an earlier occurrence of the current suffix; it is mixed into q as
 q' = (1 - w) q + w * onehot(copy) (`mix_in_copy`), and the token is drawn from q', so the draft
 stays a proper distribution and verification stays exact. Small drafts miss exactly these tokens:
-they cannot copy from their context the way the target's induction heads do (RESULTS 3n, 3o).
+they cannot copy from their context the way the target's induction heads do.
 A greedy copy (weight >= 0.5) does not depend on q, so the model is not run for it: the copied
 tokens are fed to it together with the next token it has to predict (one forward instead of one
 per token), which makes a run of copies nearly as cheap as prompt lookup.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -26,6 +29,9 @@ from torch import Tensor
 from specdraft.protocol import Draft, DraftContext
 from specdraft.sampling import draw, sample, warp
 from specdraft.vocab import PrunedVocab
+
+if TYPE_CHECKING:
+    from specdraft.target import TargetModel
 
 
 def mix_in_copy(q: Tensor, copy_id: int, weight: float, generator: torch.Generator) -> tuple[Tensor, Tensor]:
@@ -97,3 +103,61 @@ def draft_autoregressively(
     if not tokens:
         return Draft(token_ids=ctx.token_ids.new_zeros((ctx.token_ids.shape[0], 0)))
     return Draft(token_ids=torch.stack(tokens, dim=1), probs=torch.stack(probs, dim=1))  # [1, K], [1, K, V]
+
+
+class DraftCache:
+    """A drafting model's own KV cache, kept in step with the committed tokens.
+
+    runner: the drafting model as a `TargetModel` (the fast stack when its layers allow it, the
+    Hugging Face stack otherwise, e.g. for quantized layers). Between rounds the cache keeps the
+    longest prefix of its tokens that matches the committed ones, so the recovered / bonus token
+    (and a fully accepted last draft token) are fed next round without recomputing the prefix, and
+    a rejected draft never leaves stale K/V behind.
+    """
+
+    def __init__(self, runner: TargetModel) -> None:
+        self.runner = runner
+        self._ids: Tensor | None = None  # [1, L] tokens whose K/V the runner caches
+
+    @property
+    def length(self) -> int:
+        """Positions cached."""
+        return 0 if self._ids is None else int(self._ids.shape[1])
+
+    def reset(self) -> None:
+        """New prompt: an empty cache."""
+        self.runner.reset()
+        self._ids = None
+
+    def sync(self, committed: Tensor) -> None:
+        """Crop the cache to the longest common prefix of its tokens and committed [1, T]."""
+        if self._ids is None:
+            return
+        n = min(self._ids.shape[1], committed.shape[1])
+        same = (self._ids[0, :n] == committed[0, :n].to(self._ids.device)).long()  # [n]
+        self._crop(int(same.cumprod(0).sum()))
+
+    def feed(self, committed: Tensor) -> Tensor:
+        """Sync with committed [1, T] and return the tokens the cache has not seen [1, n >= 1]
+        (when everything is cached, the newest token is dropped from the cache and fed again:
+        its logits are the ones the next draft token needs)."""
+        self.sync(committed)
+        if self.length >= committed.shape[1]:
+            self._crop(committed.shape[1] - 1)
+        return committed[:, self.length :]
+
+    def forward(self, feed: Tensor) -> Tensor:
+        """Run feed [1, n] after the cached positions; post-norm hidden [1, H] of the last one."""
+        hidden = self.runner.forward(feed, num_logits=0).hidden[:, -1]  # [1, H]
+        self._ids = feed if self._ids is None else torch.cat([self._ids, feed.to(self._ids.device)], dim=1)
+        return hidden
+
+    def _crop(self, keep: int) -> None:
+        """Keep the first `keep` cached positions."""
+        if self._ids is None or keep >= self._ids.shape[1]:
+            return
+        if keep <= 0:
+            self.reset()
+            return
+        self.runner.crop(keep)
+        self._ids = self._ids[:, :keep]

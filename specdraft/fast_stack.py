@@ -29,7 +29,7 @@ _PACK_ROWS = 16  # oneDNN packing hint: the row count the layout is tuned for (1
 _MIN_ROWS = 4  # fewer rows are zero-padded to 4: oneDNN's 1-3-row kernels stream the weights slower.
 # Measured: the 121 products of a SmolLM2-135M forward, weights streamed from memory, 25.7 ms at 1
 # row, 27.6 at 2, ~22 at 1 or 2 rows padded to 4; whole forward at context 512: T_p(2)/T_p(1) 1.19
-# -> 1.03, T_p(1) unchanged (benchmarks/RESULTS.md section 4).
+# -> 1.03, T_p(1) unchanged (benchmarks/RESULTS.md, verifier cost).
 
 
 def fast_path_unsupported(model: nn.Module) -> str | None:

@@ -1,9 +1,10 @@
-"""How many tokens to draft each round: a fixed K, or the online cost model (`"auto"`).
+"""How many tokens to draft each round (`num_draft_tokens`): a fixed number, or the online cost
+model (`"auto"`).
 
 The seed picks gamma by maximising E[N] / (gamma c + 1) for one alpha and a constant c. Real
-hardware breaks both assumptions: acceptance falls with the position in the draft, and on a CPU the
-target's forward over k+1 positions costs visibly more than over 1 (DESIGN §8). The cost model keeps
-running estimates of
+hardware breaks both assumptions: acceptance falls with the position in the draft, and the target's
+forward over k+1 positions can cost visibly more than over 1 (how much depends on the machine and
+the stack). The cost model keeps running estimates of
 
     a_i      = P(draft token i accepted | tokens 0..i-1 accepted)     (per position, Beta prior)
     T_d(k)   = seconds the drafter spends on a round that drafts k tokens
@@ -13,28 +14,30 @@ and every round picks
 
     K* = argmax_{k in [0, k_max]}  E[N](k) / (T_d(k) + T_v(k)),   E[N](k) = sum_{j=0..k} prod_{i<j} a_i
 
-i.e. the K with the most expected emitted tokens per second, *including K = 0* (plain AR) when
-drafting does not pay. Estimates are exponential moving averages, so they follow the prompt (a copy
-region makes the n-gram drafter right for a while, then wrong). Unmeasured k get T_v(k) from the
-target's measured verify-cost curve (specdraft/costs.py, T_v(k)/T_v(0) cached per model and device):
-T_v(k) = s * curve(k), with one scale s that every round updates (so one slow sample at a rarely
-used k cannot freeze the choice at K = 0); without a curve, per-k averages, unmeasured k from the
-nearest measured k plus a per-token slope (prior: 10% of T_v(0) per token). Either way T_v is taken
-as non-decreasing in k, so a noisy dip never makes drafting look free. T_d(k) grows linearly with
-the measured per-token drafting cost. When K* = 0 the policy still probes k = 1 after
-`probe_every` rounds at K = 0, so a drafter that becomes useful again is noticed; every probe that
-is rejected doubles that interval (up to `max_probe_every`) and an accepted probe resets it, so a
-drafter that stays wrong costs ever fewer probes (short generations, where one probe is several % of
-the time, stop paying for them). No probe at all when even a fully accepted k = 1 round would be
-slower per token than AR (then probing cannot pay).
+(E[N] from `specdraft.theory.expected_tokens_from_profile`), i.e. the K with the most expected
+emitted tokens per second, *including K = 0* (plain AR) when drafting does not pay. Estimates are
+exponential moving averages, so they follow the prompt (a copy region makes the n-gram drafter right
+for a while, then wrong). T_v(k) = s * curve(k): the shape is the target's measured verify-cost
+curve (`specdraft.costs.verify_curve`, the one verify-cost model), taken as non-decreasing in k so a
+noisy dip never makes drafting look free; the scale s is updated by every round (so one slow sample
+at a rarely used k cannot freeze the choice at K = 0). T_d(k) grows linearly with the measured
+per-token drafting cost. When K* = 0 the policy still probes k = 1 after `probe_every` rounds at
+K = 0, so a drafter that becomes useful again is noticed; every probe that is rejected doubles that
+interval (up to `max_probe_every`) and an accepted probe resets it, so a drafter that stays wrong
+costs ever fewer probes (short generations, where one probe is a visible part of the time, stop
+paying for them). No probe at all when even a fully accepted k = 1 round would be slower per token
+than AR (then probing cannot pay).
 The very first draft is a single token, so a slow drafter costs one drafted token, not K, before
 its cost is known.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from specdraft.theory import expected_tokens_from_profile
 
 
 class GammaPolicy(Protocol):
@@ -65,26 +68,23 @@ class FixedGamma:
 class CostModelGamma:
     """Online cost-model choice of K (see module docstring for the rule).
 
+    verify_curve: the target's T_v(k) / T_v(0) for k = 0..max_k (`specdraft.costs.verify_curve`).
     max_k: largest K ever drafted. decay: weight of history in the moving averages.
     prior_accept / prior_weight: Beta prior on each a_i (optimistic enough to try drafting).
-    slope_prior: assumed extra verify cost per draft token, as a fraction of T_v(0).
-    verify_curve: measured T_v(k) / T_v(0) for k = 0.. (specdraft/costs.py); None = slope prior.
     draft_decay: weight of history for the per-token drafting cost, which is only observed on
         drafting rounds (rare once K = 0 wins), so it must recover from one slow sample quickly.
     """
 
+    verify_curve: Sequence[float]
     max_k: int = 8
     decay: float = 0.95
     prior_accept: float = 0.5
     prior_weight: float = 2.0
-    slope_prior: float = 0.1
     probe_every: int = 16
     max_probe_every: int = 256
-    verify_curve: list[float] | None = None
     draft_decay: float = 0.8
     _accepted: list[float] = field(default_factory=list, repr=False)
     _reached: list[float] = field(default_factory=list, repr=False)
-    _verify: dict[int, float] = field(default_factory=dict, repr=False)
     _draft_per_token: float | None = field(default=None, repr=False)
     _rounds_at_zero: int = field(default=0, repr=False)
     _probe_interval: int = field(default=0, repr=False)  # current gap between probes (backs off)
@@ -99,8 +99,16 @@ class CostModelGamma:
             raise ValueError(
                 f"need 1 <= probe_every <= max_probe_every, got {self.probe_every} and {self.max_probe_every}."
             )
+        curve = [float(c) for c in self.verify_curve]
+        if len(curve) <= self.max_k or not all(c > 0 for c in curve):
+            raise ValueError(
+                f"verify_curve must hold max_k + 1 = {self.max_k + 1} positive costs T_v(k)/T_v(0), "
+                f"k = 0..max_k, got {curve}; use specdraft.costs.verify_curve(target, max_k)."
+            )
+        self.verify_curve = curve
+        # Scoring more positions cannot really be cheaper: a noisy dip would make drafting look free.
+        self._shape = [max(curve[: i + 1]) for i in range(len(curve))]
         self._probe_interval = self.probe_every
-        self.set_verify_curve(self.verify_curve)
         self._accepted = [0.0] * self.max_k
         self._reached = [0.0] * self.max_k
 
@@ -110,44 +118,19 @@ class CostModelGamma:
         w, a0 = self.prior_weight, self.prior_accept
         return [(acc + w * a0) / (n + w) for acc, n in zip(self._accepted, self._reached)]
 
-    def set_verify_curve(self, curve: list[float] | None) -> None:
-        """Use a measured T_v(k)/T_v(0) shape (made non-decreasing: scoring more positions cannot
-        really be cheaper, and a noisy dip would make drafting look free)."""
-        self.verify_curve = None if curve is None else [float(c) for c in curve]
-        self._shape = [] if curve is None else [max(curve[: i + 1]) for i in range(len(curve))]
-
     def verify_cost(self, k: int) -> float:
-        """Estimated T_v(k). With a curve: its shape times one scale that every round (drafting or
-        not) keeps current, so a slow sample at a rarely used k cannot stick. Without: per-k
-        running averages, never below the estimate for fewer draft tokens."""
-        if k < len(self._shape):
-            return (self._scale or 1.0) * self._shape[k]
-        return max(self._raw_verify_cost(j) for j in range(k + 1))
-
-    def _raw_verify_cost(self, k: int) -> float:
-        """T_v(k): measured, or from the nearest measured k plus a slope."""
-        if k in self._verify:
-            return self._verify[k]
-        if not self._verify:
-            return 1.0 + self.slope_prior * k  # relative units until something is measured
-        ks = sorted(self._verify)
-        if len(ks) >= 2:
-            slope = max((self._verify[ks[-1]] - self._verify[ks[0]]) / (ks[-1] - ks[0]), 0.0)
-        else:
-            slope = self.slope_prior * self._verify[ks[0]] / (1.0 + self.slope_prior * ks[0])
-        nearest = min(ks, key=lambda m: abs(m - k))
-        return self._verify[nearest] + slope * (k - nearest)
+        """Estimated T_v(k): the curve's (non-decreasing) shape times one scale that every round,
+        drafting or not, keeps current, so a slow sample at a rarely used k cannot stick. Relative
+        units (T_v(0) = 1) until the first round is observed."""
+        return (self._scale or 1.0) * self._shape[k]
 
     def draft_cost(self, k: int) -> float:
         return k * (self._draft_per_token or 0.0)
 
     def expected_rate(self, k: int) -> float:
         """Expected emitted tokens per second (or per relative unit) of a round drafting k."""
-        total, reach = 1.0, 1.0
-        for a in self.acceptance()[:k]:
-            reach *= a
-            total += reach
-        return total / (self.draft_cost(k) + self.verify_cost(k))
+        tokens = expected_tokens_from_profile(self.acceptance(), k)
+        return tokens / (self.draft_cost(k) + self.verify_cost(k))
 
     # ------------------------------------------------------------------------- policy
     def choose(self, k_max: int) -> int:
@@ -186,8 +169,6 @@ class CostModelGamma:
             if i <= num_accepted:  # position i was reached
                 self._reached[i] += 1.0
                 self._accepted[i] += 1.0 if i < num_accepted else 0.0
-        old = self._verify.get(num_drafted)
-        self._verify[num_drafted] = verify_s if old is None else d * old + (1 - d) * verify_s
         if num_drafted < len(self._shape):
             ratio = verify_s / self._shape[num_drafted]
             self._scale = ratio if self._scale is None else d * self._scale + (1 - d) * ratio
@@ -197,16 +178,29 @@ class CostModelGamma:
             self._draft_per_token = per_token if prev is None else dd * prev + (1 - dd) * per_token
 
 
-def make_gamma_policy(
-    num_draft_tokens: int | str, max_k: int = 8, verify_curve: list[float] | None = None
-) -> GammaPolicy:
-    """`num_draft_tokens` as users write it: an int >= 0, or "auto" (the cost model up to max_k,
-    starting from `verify_curve` if given)."""
+def check_num_draft_tokens(num_draft_tokens: int | str) -> int | str:
+    """`num_draft_tokens` as users write it, validated: an int >= 0 (0 = plain autoregressive) or
+    "auto" (the cost model)."""
     if num_draft_tokens == "auto":
-        return CostModelGamma(max_k=max_k, verify_curve=verify_curve)
+        return "auto"
     if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 0:
         raise ValueError(
             f"num_draft_tokens must be an integer >= 0 (0 = plain autoregressive) or 'auto', "
             f"got {num_draft_tokens!r}."
         )
-    return FixedGamma(num_draft_tokens)
+    return num_draft_tokens
+
+
+def make_gamma_policy(
+    num_draft_tokens: int | str, max_k: int = 8, verify_curve: Sequence[float] | None = None
+) -> GammaPolicy:
+    """A fresh policy for `num_draft_tokens`: a fixed number, or "auto" (the cost model up to max_k
+    on the target's `verify_curve`, which "auto" requires)."""
+    if check_num_draft_tokens(num_draft_tokens) != "auto":
+        return FixedGamma(int(num_draft_tokens))
+    if verify_curve is None:
+        raise ValueError(
+            "num_draft_tokens='auto' needs the target's verify-cost curve: pass "
+            "verify_curve=specdraft.costs.verify_curve(target, max_k)."
+        )
+    return CostModelGamma(verify_curve, max_k=max_k)

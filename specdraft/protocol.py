@@ -2,8 +2,8 @@
 
 A drafter proposes K tokens per round (`propose`), learns how many the target kept (`commit`) and
 forgets everything on a new prompt (`reset`). It never touches the target's KV cache except through
-`TargetModel`'s public methods. Capabilities are class attributes (`needs_target_hidden`, `hf_counterpart`), so the
-decoding loop never branches on a drafter's type.
+`TargetModel`'s public methods. Capabilities are class attributes (`needs_target_hidden`, `hf_counterpart`,
+`verify_curve_tokens`), so the decoding loop never branches on a drafter's type.
 """
 
 from __future__ import annotations
@@ -69,6 +69,10 @@ class Drafter(Protocol):
     # The Hugging Face generation mode that does the same thing (a `specdraft.bench` peer name such
     # as "hf_assisted"), or None: the bench compares each drafter with its counterpart.
     hf_counterpart: ClassVar[str | None]
+    # Up to how many draft tokens (tree nodes) the drafter reads the target's verify-cost curve
+    # (`specdraft.costs.verify_curve`, e.g. to size a candidate tree); 0 = it does not. The decoder
+    # measures the curve that far before a generation's clock starts.
+    verify_curve_tokens: ClassVar[int]
 
     def bind(self, target: TargetModel) -> None:
         """Called once before generation: share weights, check the vocabulary, move to device."""

@@ -1,6 +1,6 @@
 """GenerationStats: what one generation did and where its time went.
 
-Vocabulary (DESIGN §2): a *round* is one drafter proposal + one target forward; it emits
+Vocabulary: a *round* is one drafter proposal + one target forward; it emits
 accepted + 1 tokens. acceptance_rate = accepted / drafted; mean_accepted_length = emitted tokens
 per round (= tokens per target forward).
 """
@@ -25,6 +25,7 @@ class GenerationStats:
     drafted_per_position: list[int] = field(default_factory=list)
     reached_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
+    drafted_per_round: list[int] = field(default_factory=list)  # the draft length of every round, in order
     # verify_s_by_k[k] = [seconds, rounds] of target forwards that scored k draft tokens.
     verify_s_by_k: dict[int, list[float]] = field(default_factory=dict)
     prefill_s: float = 0.0
@@ -38,6 +39,7 @@ class GenerationStats:
         self.drafted += num_drafted
         self.accepted += num_accepted
         self.new_tokens += num_emitted
+        self.drafted_per_round.append(num_drafted)
         for counts in (self.drafted_per_position, self.reached_per_position, self.accepted_per_position):
             _grow(counts, num_drafted)
         for i in range(num_drafted):

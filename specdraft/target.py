@@ -2,7 +2,9 @@
 
 The decoding loop feeds it [newest token] + draft (K+1 positions) in one forward, reads the logits
 at every position, and crops the cache back to the accepted prefix. Drafters that reuse the target
-(early exit, Medusa) go through the same public methods, never through the cache object.
+(early exit, Medusa) go through the same public methods, never through the cache object; drafters
+that run a model of their own (a draft model, a quantized copy) wrap it in a TargetModel too
+(`specdraft.draft_loop.DraftCache`), so every model runs on the same two stacks.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ class TargetModel:
     eos_token_ids: tokens that end generation; defaults to the model's (generation) config.
     fast: run the target through `FastStack` (packed weights, preallocated in-place KV cache;
         specdraft/fast_stack.py) instead of the plain Hugging Face forward (`HFStack`). "auto" =
-        fast when the architecture supports it. The plain path stays for comparison
+        fast when the architecture supports it (`fast_path_unsupported`: e.g. quantized layers,
+        which are not float nn.Linear, run on the plain path). The plain path stays for comparison
         (`target.fast=false`). `model` itself is never modified: drafters may read its weights.
     cuda_graphs: replay the verify forward (k <= 17 new positions) as CUDA graphs
         (specdraft/cuda_graphs.py); "auto" = when fast and the model is on CUDA.

@@ -1,4 +1,4 @@
-"""The seed's formulas as pure functions, plus a cost model for real hardware.
+"""The seed's formulas as pure functions, plus their form for real hardware.
 
 alpha: probability a draft token is accepted (i.i.d. assumption); gamma: draft tokens per round;
 c = T_q / T_p: cost of one drafter step relative to one target forward; c_hat: the drafter's
@@ -8,14 +8,15 @@ arithmetic operations relative to the target's.
     speedup         = E[N] / (gamma * c + 1)                      wall-time improvement
     compute factor  = (1 - alpha) (gamma * c_hat + gamma + 1) / (1 - alpha^(gamma+1))
 
-Real hardware does not score gamma+1 positions for the price of one (DESIGN §8), and acceptance
-differs per position, so `predicted_speedup` takes a per-position acceptance profile and a measured
-verify-cost curve instead of alpha and c.
+Real hardware does not always score gamma+1 positions for the price of one, and acceptance differs
+per position, so `predicted_speedup` takes a per-position acceptance profile and measured costs
+(the verify-cost curve of `specdraft.costs.verify_curve`) instead of alpha and c. The cost model
+(`specdraft.gamma`) and the bench use these functions; nothing else computes E[N] or a speedup.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -55,17 +56,31 @@ def expected_tokens_from_profile(per_position_acceptance: Sequence[float], gamma
 def predicted_speedup(
     per_position_acceptance: Sequence[float],
     t_q: float,
-    t_p_curve: Sequence[float],
-    gamma: int,
+    t_v: Sequence[float],
+    num_draft_tokens: int | Mapping[int, float],
+    prefill_s: float = 0.0,
+    ar_step_s: float | None = None,
 ) -> float:
-    """Predicted speedup over AR of rounds that draft `gamma` tokens.
+    """Predicted speedup over AR of rounds that draft `num_draft_tokens` tokens each, or of a mix
+    {k: number of rounds drafting k} (what an "auto" run actually did).
 
-    t_q: seconds per drafted token; t_p_curve[k]: seconds of a target forward that scores k draft
-    tokens (k+1 positions), so t_p_curve[0] is one autoregressive step.
-        speedup = E[N] * T_p(0) / (gamma * T_q + T_p(gamma))
+    t_q: seconds per drafted token; t_v[k]: seconds of a target forward that scores k draft tokens
+    (k+1 positions), so t_v[0] is one autoregressive step; prefill_s: seconds that both pay first;
+    ar_step_s: seconds per token of the AR baseline compared with (default t_v[0]; another value
+    when the baseline runs on another forward stack). The rounds emit sum_k n_k E[N](k) tokens in
+    sum_k n_k (k T_q + T_v(k)) seconds, where AR needs ar_step_s per token; for one k, no prefill:
+        speedup = E[N](k) * T_v(0) / (k * T_q + T_v(k))
     """
-    round_s = gamma * t_q + t_p_curve[gamma]
-    return expected_tokens_from_profile(per_position_acceptance, gamma) * t_p_curve[0] / round_s
+    mix = {num_draft_tokens: 1.0} if isinstance(num_draft_tokens, int) else dict(num_draft_tokens)
+    if not mix or any(k >= len(t_v) for k in mix):
+        raise ValueError(
+            f"t_v must hold the verify cost of every draft length used ({sorted(mix)}), "
+            f"got {len(t_v)} entries."
+        )
+    tokens = sum(n * expected_tokens_from_profile(per_position_acceptance, k) for k, n in mix.items())
+    seconds = sum(n * (k * t_q + t_v[k]) for k, n in mix.items())
+    ar_step = t_v[0] if ar_step_s is None else ar_step_s
+    return (prefill_s + tokens * ar_step) / (prefill_s + seconds)
 
 
 def _check_alpha(alpha: float) -> None:

@@ -43,14 +43,14 @@ def exact_two_token_distribution(
 
 
 def sample_two_tokens(decoder: SpeculativeDecoder, prompt: list[int], n: int, vocab: int) -> np.ndarray:
-    """Counts [V * V] of the first two tokens over n generations with seeds 0..n-1."""
+    """Counts [V * V] of the first two tokens over n generations with seeds 0..n-1 (the decoder's
+    sampling settings otherwise; passed per call, the decoder is not changed)."""
     counts = np.zeros(vocab * vocab)
     base = decoder.sampling
     for seed in range(n):
-        decoder.sampling = SamplingConfig(base.temperature, base.top_k, base.top_p, seed)
-        toks = decoder.generate(prompt, max_new_tokens=2, stop_token_ids=[]).token_ids[0].tolist()
+        sampling = SamplingConfig(base.temperature, base.top_k, base.top_p, seed)
+        toks = decoder.generate(prompt, 2, stop_token_ids=[], sampling=sampling).token_ids[0].tolist()
         counts[toks[0] * vocab + toks[1]] += 1
-    decoder.sampling = base
     return counts
 
 
@@ -59,6 +59,8 @@ class RecomputeDrafter:
     each step, samples from its warped q with the shared generator. Obviously correct, slow."""
 
     needs_target_hidden: ClassVar[bool] = False
+    hf_counterpart: ClassVar[str | None] = None
+    verify_curve_tokens: ClassVar[int] = 0
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model.eval()

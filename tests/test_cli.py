@@ -50,8 +50,11 @@ def test_bench_cli(tmp_path: Path) -> None:
     assert {r["prompt"] for r in result["records"]} == {"code_edit-01", "qa-01"}
     assert not result["greedy_mismatches"]
     ngram = next(r for r in result["records"] if r["method"] == "ngram")
-    for key in ("speedup", "acceptance_per_position", "verify_curve", "c", "efficiency"):
+    for key in ("speedup", "acceptance_per_position", "verify_s_by_k", "verify_curve", "c", "efficiency"):
         assert key in ngram
+    assert ngram["verify_curve"][0] == 1.0 and ngram["hf_counterpart"] == "hf_prompt_lookup"
+    assert {(r["method"], r["peer"]) for r in result["peer_ratios"]} == {
+        ("ngram", "hf_prompt_lookup[3]"), ("ngram[plain]", "hf_prompt_lookup[3]")}
     for png in ("acceptance_per_position", "speedup_per_category", "measured_vs_predicted"):
         assert (run_dir / f"{png}.png").stat().st_size > 1000
     assert "## overall" in res.stdout and (run_dir / "results.md").is_file()

@@ -1,5 +1,5 @@
 """The decoding loop on tiny random targets: greedy exactness, stop tokens, max_new_tokens,
-bad input. Reference = Hugging Face greedy `generate` (tests/helpers.plain_greedy)."""
+bad input, K choices independent of earlier calls. Reference = Hugging Face greedy `generate` (tests/helpers.plain_greedy)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from drafters.ngram import NGramDrafter
+from specdraft import decode as decode_module
 from specdraft.decode import SpeculativeDecoder
 from specdraft.models import tiny_random_llama, tiny_random_target
 from specdraft.protocol import Draft, DraftContext, Drafter
+from specdraft.sampling import SamplingConfig
 from specdraft.target import TargetModel
 from tests.helpers import RecomputeDrafter, plain_greedy
 
@@ -23,6 +25,8 @@ class OracleDrafter:
     at every absolute position divisible by `corrupt_every`."""
 
     needs_target_hidden: ClassVar[bool] = False
+    hf_counterpart: ClassVar[str | None] = None
+    verify_curve_tokens: ClassVar[int] = 0
 
     def __init__(self, full_sequence: list[int], corrupt_every: int = 0, vocab: int = 16) -> None:
         self.seq = full_sequence
@@ -149,3 +153,59 @@ def test_bad_inputs_raise_clear_errors(tiny_target: TargetModel) -> None:
 def test_drafter_vocabulary_mismatch_is_refused(tiny_target: TargetModel) -> None:
     with pytest.raises(ValueError, match="vocabulary"):
         SpeculativeDecoder(tiny_target, RecomputeDrafter(tiny_random_llama(vocab_size=20)), 2)
+
+
+# ------------------------------------------------------------------------------ no hidden state
+class SimulatedClock:
+    """A deterministic stand-in for `time.perf_counter`: each read advances 1 ms (drafting and
+    bookkeeping), each target forward 20 ms + 1 ms per position, so timings depend only on what the
+    generation did."""
+
+    def __init__(self, target: TargetModel) -> None:
+        self.now = 0.0
+        self._forward = target.forward
+
+    def read(self) -> float:
+        self.now += 0.001
+        return self.now
+
+    def forward(self, input_ids: torch.Tensor, *args: object, **kwargs: object) -> object:
+        self.now += 0.020 + 0.001 * input_ids.shape[1]
+        return self._forward(input_ids, *args, **kwargs)
+
+
+PROMPTS = [PROMPT, [3, 9, 4, 11, 5, 2, 8], [1, 2, 1, 2, 1, 2, 1, 2, 3], [7, 7, 6, 5, 4, 3, 2, 1, 7, 7]]
+
+
+def k_sequences(
+    monkeypatch: pytest.MonkeyPatch, order: list[int], keep_policy: bool = False
+) -> dict[int, list[int]]:
+    """The draft length of every round, per prompt, for the prompts generated in `order`."""
+    target = tiny_random_target(vocab_size=16, seed=2)
+    clock = SimulatedClock(target)
+    monkeypatch.setattr(decode_module.time, "perf_counter", clock.read)
+    monkeypatch.setattr(target, "forward", clock.forward)
+    curve = [1.0 + 0.05 * k for k in range(9)]
+    dec = SpeculativeDecoder(target, NGramDrafter(), "auto", verify_curve=curve, keep_policy=keep_policy)
+    return {i: dec.generate(PROMPTS[i], 40, stop_token_ids=[]).stats.drafted_per_round for i in order}
+
+
+def test_k_choices_do_not_depend_on_earlier_prompts(monkeypatch: pytest.MonkeyPatch) -> None:
+    forward = k_sequences(monkeypatch, [0, 1, 2, 3])
+    backward = k_sequences(monkeypatch, [3, 2, 1, 0])
+    assert forward == backward
+    assert len({k for seq in forward.values() for k in seq}) > 2  # the policy really chose
+    # Negative control: a policy kept across calls (a server's opt-in) does carry over.
+    kept = k_sequences(monkeypatch, [0, 1, 2, 3], keep_policy=True)
+    kept_backward = k_sequences(monkeypatch, [3, 2, 1, 0], keep_policy=True)
+    assert kept != kept_backward
+
+
+def test_sampling_passed_per_call_leaves_the_decoder_unchanged(tiny_target: TargetModel) -> None:
+    dec = SpeculativeDecoder(tiny_target, NGramDrafter(), 3)
+    hot = SamplingConfig(temperature=1.0, seed=4)
+    sampled = dec.generate(PROMPT, 20, stop_token_ids=[], sampling=hot).token_ids
+    assert dec.sampling == SamplingConfig()  # still greedy
+    assert dec.generate(PROMPT, 20).token_ids[0].tolist() == plain_greedy(tiny_target, PROMPT, 20)
+    again = SpeculativeDecoder(tiny_target, NGramDrafter(), 3, hot).generate(PROMPT, 20, stop_token_ids=[])
+    assert torch.equal(sampled, again.token_ids)

@@ -2,28 +2,36 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 
 import pytest
 import torch
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
 from transformers import AutoModelForCausalLM
 
+from safetensors.torch import load_file
+
+from specdraft.formats.draft import build_student, load_draft_artifact
 from specdraft.models import tiny_random_target
 from specdraft.target import TargetModel
 from specdraft.train.distill import (
-    build_student,
-    distill_loss,
+    Example,
+    batch_at,
+    cache_selfgen_topk,
     exit_cache_examples,
-    load_draft_artifact,
-    lr_at,
+    pack_batches,
     run,
+    selfgen_examples,
     teacher_examples,
-    TrainSettings,
 )
-from specdraft.train.distill import cache_selfgen_topk, selfgen_examples
 from specdraft.train.early_exit import precompute_teacher
-from specdraft.train.selfgen import build_prompts, generate_batch, load_selfgen_records
+from specdraft.train.losses import distill_loss
+from specdraft.train.selfgen import SELFGEN_DIR, generate_batch, load_selfgen_records, run_selfgen
+from specdraft.train.selfgen_prompts import build_prompts
+from specdraft.vocab import VOCAB_FILE, PrunedVocab
 
 
 def tiny_cfg(out: Path, steps: int) -> dict:
@@ -32,8 +40,8 @@ def tiny_cfg(out: Path, steps: int) -> dict:
         "threads": 1, "log": False,
         "student": {"init_candidates": [[0], [2]]},
         "vocab": {"size": 48},
-        "data": {"selfgen": False, "corpus_tokens": 0, "top_k": 8, "max_len": 64},
-        "train": {"steps": steps, "batch_tokens": 256, "lr": 3e-3, "warmup": 2, "eval_every": 10, "ckpt_every": 5},
+        "data": {"selfgen": False, "corpus_tokens": 0, "top_k": 8, "max_len": 64, "batch_tokens": 256},
+        "train": {"max_steps": steps, "lr": 3e-3, "warmup_steps": 2, "eval_every": 10, "checkpoint_every": 5},
     }
 
 
@@ -54,30 +62,59 @@ def test_recipe_runs_loss_goes_down_and_checkpoint_loads(target_and_data: tuple,
     losses = [h["loss"] for h in torch.load(tmp_path / "ckpt.pt", weights_only=False)["history"] if "loss" in h]
     assert len(losses) == 30
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5
-    first, last = summary["history"][0]["sequences"], summary["held_out"]["sequences"]
+    first, last = summary["history"][0]["eval"]["sequences"], summary["held_out"]["sequences"]
     assert last["expected_acceptance"] >= first["expected_acceptance"] - 0.02
     assert 0.0 <= last["greedy_agreement"] <= 1.0
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
     assert hf.config.num_hidden_layers == 1
-    draft, vocab = load_draft_artifact(tmp_path / "artifact", target.model)
-    assert vocab.size == 48 and draft.config.num_hidden_layers == 1
+    draft = load_draft_artifact(tmp_path / "artifact", target.model)
+    assert PrunedVocab.load(tmp_path / "artifact" / VOCAB_FILE).size == 48 and draft.config.num_hidden_layers == 1
     meta = json.loads((tmp_path / "artifact" / "draft.json").read_text())
     assert meta["layer_ids"] in ([0], [2]) and len(meta["init_candidates"]) == 2
     # only new weights are exported: no embeddings / lm_head
-    from safetensors.torch import load_file
-
     assert not any("embed" in k or "lm_head" in k for k in load_file(tmp_path / "artifact" / "draft.safetensors"))
 
 
-def test_recipe_resumes_from_checkpoint(target_and_data: tuple, tmp_path: Path) -> None:
+def test_recipe_resumes_exactly_from_checkpoint(
+    target_and_data: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run of 8 steps killed in step 6 (after the checkpoint of step 5) and started again gives
+    the same losses and weights as 8 steps in one go (the batch of a step is a function of the step)."""
     target, seqs = target_and_data
-    cfg = tiny_cfg(tmp_path, steps=5)
+    cfg = tiny_cfg(tmp_path / "resumed", steps=8)
     cfg["data"]["sequences"] = [seqs]
+    calls = []
+
+    def dies_in_step_6(*args: torch.Tensor, **kwargs: bool) -> torch.Tensor:
+        calls.append(1)
+        if len(calls) == 6:
+            raise KeyboardInterrupt
+        return distill_loss(*args, **kwargs)
+
+    monkeypatch.setattr("specdraft.train.distill.distill_loss", dies_in_step_6)
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg, target=target)
+    monkeypatch.undo()
+    assert torch.load(tmp_path / "resumed" / "ckpt.pt", weights_only=False)["step"] == 5
     run(cfg, target=target)
-    cfg["train"]["steps"] = 8
-    run(cfg, target=target)
-    history = torch.load(tmp_path / "ckpt.pt", weights_only=False)["history"]
+    whole = tiny_cfg(tmp_path / "whole", steps=8)
+    whole["data"]["sequences"] = [seqs]
+    run(whole, target=target)
+    history = torch.load(tmp_path / "resumed" / "ckpt.pt", weights_only=False)["history"]
+    reference = torch.load(tmp_path / "whole" / "ckpt.pt", weights_only=False)["history"]
     assert [h["step"] for h in history if "loss" in h] == list(range(1, 9))
+    assert [h["loss"] for h in history if "loss" in h] == [h["loss"] for h in reference if "loss" in h]
+    resumed = load_file(tmp_path / "resumed" / "artifact" / "draft.safetensors")
+    for name, weight in load_file(tmp_path / "whole" / "artifact" / "draft.safetensors").items():
+        torch.testing.assert_close(resumed[name], weight, rtol=0, atol=0)
+
+
+def test_old_train_keys_are_a_clear_error(target_and_data: tuple, tmp_path: Path) -> None:
+    target, _ = target_and_data
+    cfg = tiny_cfg(tmp_path, steps=1)
+    cfg["train"]["steps"] = 1
+    with pytest.raises(ValueError, match=r"unknown train settings \['steps'\]"):
+        run(cfg, target=target)
 
 
 def test_recipe_without_data_is_a_clear_error(target_and_data: tuple, tmp_path: Path) -> None:
@@ -119,12 +156,14 @@ def test_selfgen_repeat_must_be_positive(target_and_data: tuple, tmp_path: Path)
         run(cfg, target=target)
 
 
-def test_distill_loss_is_cross_entropy_on_the_subset() -> None:
+def test_recipe_loss_drops_teacher_tokens_outside_the_subset() -> None:
+    """The recipe's setting of the shared loss: a teacher token outside the subset keeps its share
+    of the teacher's mass out of the loss (renormalize=False)."""
     student = torch.tensor([[2.0, 0.0, -1.0]])  # [N=1, M=3]
     teacher = torch.tensor([[1.0, 1.0]])  # top-2 logits, equal
     subs = torch.tensor([[0, -1]])  # second teacher token is outside the subset
     expected = -0.5 * torch.log_softmax(student, -1)[0, 0]
-    torch.testing.assert_close(distill_loss(student, teacher, subs), expected)
+    torch.testing.assert_close(distill_loss(student, teacher, subs, renormalize=False), expected)
 
 
 def test_student_copies_target_layers(target_and_data: tuple) -> None:
@@ -138,13 +177,18 @@ def test_student_copies_target_layers(target_and_data: tuple) -> None:
         build_student(target.model, [5])
 
 
-def test_lr_schedule_warms_up_and_anneals() -> None:
-    s = TrainSettings(steps=100, lr=1.0, warmup=10)
-    assert lr_at(0, s) == pytest.approx(0.1)
-    assert lr_at(10, s) == pytest.approx(1.0)
-    assert lr_at(100, s) == pytest.approx(0.1)
-    timed = TrainSettings(steps=10**6, lr=1.0, warmup=1, max_minutes=1.0)
-    assert lr_at(5, timed, elapsed_s=60.0) == pytest.approx(0.1)
+def test_batches_pack_every_example_and_each_epoch_visits_every_batch_once() -> None:
+    examples = [Example(torch.zeros(n, dtype=torch.long), torch.arange(n), torch.zeros(n, 2), torch.zeros(n, 2, dtype=torch.long))
+                for n in (5, 9, 3, 12, 7, 4, 8, 6)]
+    batches = pack_batches(examples, batch_tokens=16, seed=0)
+    assert sorted(id(e) for b in batches for e in b) == sorted(id(e) for e in examples)
+    assert all(max(len(e.ids) for e in b) * len(b) <= 16 or len(b) == 1 for b in batches)
+    n = len(batches)
+    for epoch in range(2):
+        seen = [id(batch_at(batches, epoch * n + i, seed=0)) for i in range(n)]
+        assert sorted(seen) == sorted(id(b) for b in batches)
+    assert [id(batch_at(batches, s, 0)) for s in range(3 * n)] == [id(batch_at(batches, s, 0)) for s in range(3 * n)]
+    assert [id(batch_at(batches, s, 0)) for s in range(n, 2 * n)] != [id(batch_at(batches, s, 0)) for s in range(n)] or n < 3
 
 
 @pytest.mark.slow  # loads the default target's tokenizer (GGUF), ~10 s
@@ -193,3 +237,16 @@ def test_missing_selfgen_topk_is_computed_once_and_cached(target_and_data: tuple
         top = logits.topk(4)
         torch.testing.assert_close(ex.topk_values.float(), top.values, atol=2e-2, rtol=1e-2)
         assert ex.topk_indices[:, 0].tolist() == top.indices[:, 0].tolist()
+
+
+def test_selfgen_yaml_repeats_the_run_selfgen_defaults() -> None:
+    """`specdraft-selfgen` with no overrides runs what `run_selfgen()` runs (threads is the CLI's own)."""
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        cfg = compose(config_name="selfgen")
+    GlobalHydra.instance().clear()
+    params = {("target" if k == "target_name" else k): p.default for k, p in inspect.signature(run_selfgen).parameters.items()}
+    assert set(cfg) - {"threads"} == set(params)
+    assert cfg.out_dir is None and params.pop("out_dir") == SELFGEN_DIR  # null = the shipped data
+    assert list(cfg.kinds) == list(params.pop("kinds"))
+    assert {k: v for k, v in cfg.items() if k in params} == params

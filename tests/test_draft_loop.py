@@ -52,3 +52,34 @@ def test_greedy_copies_skip_the_model_and_are_fed_with_the_next_forward() -> Non
     assert draft.token_ids[0].tolist() == [3, 4, 5, 5]
     assert feeds == [[2, 3, 4], [5]]  # one forward for the committed token and both copies
     assert draft.probs.shape == (1, 4, 8) and draft.probs[0, 1].tolist() == [0, 0, 0, 0, 1, 0, 0, 0]
+
+
+def test_draft_cache_keeps_the_longest_matching_prefix() -> None:
+    """The cache of a drafting model stays the committed tokens' longest cached prefix: a commit
+    crops rejected K/V, the newest token is fed again when everything is cached, a different prompt
+    starts over; the hidden state is a plain forward's at every step."""
+    from specdraft.draft_loop import DraftCache
+    from specdraft.models import tiny_random_target
+
+    runner = tiny_random_target(vocab_size=16, seed=2)
+    cache = DraftCache(runner)
+    cache.reset()
+
+    def plain_last_hidden(ids: list[int]) -> torch.Tensor:  # [1, H] post-norm, no cache
+        with torch.inference_mode():
+            return runner.model.base_model(input_ids=torch.tensor([ids])).last_hidden_state[:, -1]
+
+    committed = torch.tensor([[1, 2, 3, 4]])
+    feed = cache.feed(committed)
+    assert feed.tolist() == [[1, 2, 3, 4]]
+    torch.testing.assert_close(cache.forward(feed), plain_last_hidden([1, 2, 3, 4]), rtol=1e-4, atol=1e-5)
+    cache.forward(torch.tensor([[5]]))  # two drafted tokens enter the cache: 5 (then 6 is drafted)
+    assert cache.length == 5 and runner.cache_length == 5
+    cache.sync(torch.tensor([[1, 2, 3, 4, 7]]))  # the target rejected 5 and chose 7: commit crops
+    assert cache.length == 4 and runner.cache_length == 4
+    committed = torch.tensor([[1, 2, 3, 4, 7]])
+    feed = cache.feed(committed)
+    assert feed.tolist() == [[7]]
+    torch.testing.assert_close(cache.forward(feed), plain_last_hidden([1, 2, 3, 4, 7]), rtol=1e-4, atol=1e-5)
+    assert cache.feed(committed).tolist() == [[7]] and cache.length == 4  # all cached: the newest again
+    assert cache.feed(torch.tensor([[9, 9]])).tolist() == [[9, 9]] and cache.length == 0  # a new prompt

@@ -3,6 +3,7 @@ pruned vocabulary), clear errors, the shipped artifact and the Hydra config."""
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from specdraft.models import tiny_random_llama
 from specdraft.protocol import DraftContext
 from specdraft.sampling import SamplingConfig
 from specdraft.target import TargetModel
-from specdraft.train.distill import build_student, save_draft_artifact
+from specdraft.formats.draft import build_student, save_draft_artifact
 from specdraft.vocab import PrunedVocab
 from tests.helpers import exact_two_token_distribution, plain_greedy, pooled_chisquare, sample_two_tokens
 
@@ -41,14 +42,14 @@ def ctx_of(ids: list[int], sampling: SamplingConfig = SamplingConfig()) -> Draft
 @pytest.mark.parametrize("k", [1, 3, 5])
 @pytest.mark.parametrize("vocab", [None, "subset"])
 def test_greedy_matches_plain_greedy(tiny_target: TargetModel, k: int, vocab: str | None) -> None:
-    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=subset() if vocab else None)
+    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=subset() if vocab else None, copy_ngram=None)
     dec = SpeculativeDecoder(tiny_target, drafter, k)
     out = dec.generate(PROMPT, max_new_tokens=40, stop_token_ids=[])
     assert out.token_ids[0].tolist() == plain_greedy(tiny_target, PROMPT, 40)
 
 
 def test_greedy_draft_equal_to_target_accepts_everything(tiny_target: TargetModel) -> None:
-    dec = SpeculativeDecoder(tiny_target, DraftModelDrafter(tiny_target.model, pruned_vocab=None), 4)
+    dec = SpeculativeDecoder(tiny_target, DraftModelDrafter(tiny_target.model, pruned_vocab=None, copy_ngram=None), 4)
     out = dec.generate(PROMPT, max_new_tokens=20, stop_token_ids=[])
     assert out.token_ids[0].tolist() == plain_greedy(tiny_target, PROMPT, 20)
     assert out.stats.acceptance_rate == 1.0
@@ -56,7 +57,7 @@ def test_greedy_draft_equal_to_target_accepts_everything(tiny_target: TargetMode
 
 @pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=1.0, seed=3)])
 def test_rollback_leaves_no_stale_kv(tiny_target: TargetModel, sampling: SamplingConfig) -> None:
-    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=subset())
+    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=subset(), copy_ngram=None)
     drafter.bind(tiny_target)
     drafter.reset()
     first = drafter.propose(ctx_of(PROMPT, sampling), 4).token_ids[0].tolist()
@@ -65,7 +66,7 @@ def test_rollback_leaves_no_stale_kv(tiny_target: TargetModel, sampling: Samplin
     drafter.commit(ctx_of(committed, sampling), 1)
     again = drafter.propose(ctx_of(committed, sampling), 3)
 
-    fresh = DraftModelDrafter(tiny_draft(), pruned_vocab=subset())
+    fresh = DraftModelDrafter(tiny_draft(), pruned_vocab=subset(), copy_ngram=None)
     fresh.bind(tiny_target)
     ref = fresh.propose(ctx_of(committed, sampling), 3)
     assert again.token_ids.tolist() == ref.token_ids.tolist()
@@ -73,19 +74,19 @@ def test_rollback_leaves_no_stale_kv(tiny_target: TargetModel, sampling: Samplin
 
 
 def test_full_acceptance_feeds_last_draft_and_bonus(tiny_target: TargetModel) -> None:
-    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=None)
+    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=None, copy_ngram=None)
     drafter.bind(tiny_target)
     first = drafter.propose(ctx_of(PROMPT), 3).token_ids[0].tolist()
     committed = PROMPT + first + [4]  # all 3 accepted + a bonus token
     drafter.commit(ctx_of(committed), 3)
     again = drafter.propose(ctx_of(committed), 2)
-    fresh = DraftModelDrafter(tiny_draft(), pruned_vocab=None)
+    fresh = DraftModelDrafter(tiny_draft(), pruned_vocab=None, copy_ngram=None)
     fresh.bind(tiny_target)
     assert again.token_ids.tolist() == fresh.propose(ctx_of(committed), 2).token_ids.tolist()
 
 
 def test_pruned_q_is_zero_outside_subset(tiny_target: TargetModel) -> None:
-    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=subset())
+    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=subset(), copy_ngram=None)
     drafter.bind(tiny_target)
     draft = drafter.propose(ctx_of(PROMPT, SamplingConfig(temperature=1.0)), 3)
     outside = torch.tensor([4, 6, 10, 13])
@@ -101,7 +102,7 @@ def test_pruned_q_is_zero_outside_subset(tiny_target: TargetModel) -> None:
     ids=["t1_full", "topp_pruned"],
 )
 def test_statistically_lossless(tiny_target: TargetModel, sampling: SamplingConfig, vocab: str | None) -> None:
-    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=subset() if vocab else None)
+    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=subset() if vocab else None, copy_ngram=None)
     dec = SpeculativeDecoder(tiny_target, drafter, 2, sampling)
     expected = exact_two_token_distribution(tiny_target, PROMPT, sampling)
     counts = sample_two_tokens(dec, PROMPT, 1200, tiny_target.vocab_size)
@@ -239,8 +240,20 @@ def test_hydra_config_instantiates() -> None:
     GlobalHydra.instance().clear()
     drafter = instantiate(drafter_cfg)
     assert isinstance(drafter, DraftModelDrafter)
-    assert drafter.model_spec == "smollm2-135m-distilled" and cfg.vocab.size > 0
+    assert drafter.model_spec == "smollm2-135m/draft" and cfg.vocab.size > 0
     assert (drafter.copy_ngram, drafter.copy_weight) == (2, 0.9)  # copying is on for the shipped draft
+
+
+def test_no_argument_drafter_is_the_yaml_drafter() -> None:
+    """The Python API and `drafter=draft_model` build the same drafter (the YAML repeats the defaults)."""
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        yaml = compose(config_name="drafter/draft_model").drafter
+    GlobalHydra.instance().clear()
+    defaults = {k: p.default for k, p in inspect.signature(DraftModelDrafter).parameters.items()}
+    assert {k: yaml[k] for k in defaults} == defaults
+    assert set(yaml) - {"_target_"} == set(defaults)
+    assert DraftModelDrafter.hf_counterpart == "hf_assisted"
 
 
 @pytest.mark.slow
@@ -251,14 +264,23 @@ def test_shipped_draft_greedy_exact_on_default_target(default_target: TargetMode
         [{"role": "user", "content": "What is a Python list comprehension?"}], add_generation_prompt=True
     )
     prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
-    dec = SpeculativeDecoder(default_target, DraftModelDrafter("smollm2-135m-distilled", copy_ngram=2), 4)
+    dec = SpeculativeDecoder(default_target, DraftModelDrafter(), 4)
     out = dec.generate(prompt, max_new_tokens=32, stop_token_ids=[])
     assert out.token_ids[0].tolist() == plain_greedy(default_target, prompt, 32)
     assert out.stats.acceptance_rate > 0.1  # a trained draft; an untrained one accepts ~0.0
 
 
+def test_hf_peer_kwargs_give_the_bound_draft_as_assistant(tiny_target: TargetModel) -> None:
+    draft = tiny_draft()
+    drafter = DraftModelDrafter(draft, pruned_vocab=subset(), copy_ngram=None)
+    with pytest.raises(ValueError, match="bind the drafter"):
+        drafter.hf_peer_kwargs()
+    drafter.bind(tiny_target)
+    assert drafter.hf_peer_kwargs() == {"assistant_model": draft}  # full-vocabulary head, same weights
+
+
 def test_propose_twice_on_the_same_context_is_repeatable(tiny_target: TargetModel) -> None:
-    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=None)
+    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=None, copy_ngram=None)
     drafter.bind(tiny_target)
     ctx = ctx_of(PROMPT)
     first = drafter.propose(ctx, 1)  # the cache now holds the whole context

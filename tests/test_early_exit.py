@@ -4,6 +4,7 @@ forward over the accepted sequence, for layers below and above the exit)."""
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 
@@ -20,7 +21,8 @@ from specdraft.decode import SpeculativeDecoder
 from specdraft.models import tiny_random_target
 from specdraft.sampling import SamplingConfig
 from specdraft.target import TargetModel
-from specdraft.exit_adapter import ExitAdapter, save_adapter
+from specdraft.vocab import VOCAB_FILE, resolve_pruned_vocab
+from specdraft.formats.exit_adapter import ExitAdapter, save_adapter
 from tests.test_quantized import check_pruned_vocab_exact
 from tests.helpers import exact_two_token_distribution, plain_greedy, pooled_chisquare, sample_two_tokens
 
@@ -65,7 +67,7 @@ def plain_cache(target: TargetModel, token_ids: list[int]) -> list[tuple[torch.T
 @pytest.mark.parametrize("exit_layer", [1, 2, 3])
 @pytest.mark.parametrize("share_kv", [True, False])
 def test_greedy_matches_plain_greedy(deep_target: TargetModel, exit_layer: int, share_kv: bool) -> None:
-    drafter = EarlyExitDrafter(exit_layer=exit_layer, share_kv=share_kv)
+    drafter = EarlyExitDrafter(exit_layer=exit_layer, adapter=None, share_kv=share_kv)
     out = SpeculativeDecoder(deep_target, drafter, 3).generate(PROMPT, 40, stop_token_ids=[])
     assert out.token_ids[0].tolist() == plain_greedy(deep_target, PROMPT, 40)
     assert out.stats.drafted > 0
@@ -82,13 +84,13 @@ def test_context_adapter_reads_the_target_feature_then_its_own(deep_target: Targ
     """The first draft token's q is the adapter on layer 2's hidden state of the newest token and the
     target's post-norm final hidden state of the position before it; the second reads the exit's
     own output at the first draft position (checked against a plain HF forward)."""
-    from specdraft.exit_adapter import exit_hidden
+    from specdraft.formats.exit_adapter import exit_hidden
     from specdraft.protocol import DraftContext
 
     adapter = random_adapter(context=True)
     with torch.no_grad():
         adapter.up[0].weight[:, 32:] *= 10  # let the feature move q visibly
-    drafter = EarlyExitDrafter(exit_layer=2)
+    drafter = EarlyExitDrafter(exit_layer=2, adapter=None)
     drafter.adapter = adapter
     drafter.bind(deep_target)
     sampling = SamplingConfig(temperature=1.0)
@@ -110,13 +112,14 @@ def test_context_adapter_reads_the_target_feature_then_its_own(deep_target: Targ
 
 @pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=1.0)], ids=["greedy", "t1"])
 def test_full_depth_exit_accepts_everything(deep_target: TargetModel, sampling: SamplingConfig) -> None:
-    dec = SpeculativeDecoder(deep_target, EarlyExitDrafter(exit_layer=LAYERS), 4, sampling)
+    dec = SpeculativeDecoder(deep_target, EarlyExitDrafter(exit_layer=LAYERS, adapter=None), 4, sampling)
     stats = dec.generate(PROMPT, 60, stop_token_ids=[]).stats
     assert stats.drafted > 0 and stats.acceptance_rate == 1.0
 
 
-def test_pruned_draft_vocab_stays_exact(deep_target: TargetModel, tmp_path: Path) -> None:
-    check_pruned_vocab_exact(deep_target, lambda path: EarlyExitDrafter(exit_layer=2, draft_vocab=path), tmp_path)
+def test_pruned_vocab_stays_exact(deep_target: TargetModel, tmp_path: Path) -> None:
+    check_pruned_vocab_exact(deep_target, lambda path: EarlyExitDrafter(exit_layer=2, adapter=None, pruned_vocab=path),
+                             tmp_path)
 
 
 def test_config_instantiates(adapter_dir: Path) -> None:
@@ -125,9 +128,23 @@ def test_config_instantiates(adapter_dir: Path) -> None:
     assert isinstance(drafter, EarlyExitDrafter) and drafter.exit_layer == 2 and drafter.share_kv
 
 
+def test_yaml_repeats_the_constructor_defaults() -> None:
+    """conf/drafter/early_exit.yaml builds what EarlyExitDrafter() builds: every constructor argument,
+    at its default."""
+    cfg = OmegaConf.to_container(OmegaConf.load(Path(conf.__file__).parent / "drafter" / "early_exit.yaml"))
+    cfg.pop("_target_")
+    defaults = {n: p.default for n, p in inspect.signature(EarlyExitDrafter).parameters.items()}
+    assert cfg == defaults
+    built = instantiate(OmegaConf.create({"_target_": "drafters.early_exit.EarlyExitDrafter", **cfg}))
+    plain = EarlyExitDrafter()
+    assert (built.exit_layer, built.adapter_dir, built.share_kv, built.pruned_vocab_spec) == (
+        plain.exit_layer, plain.adapter_dir, plain.share_kv, plain.pruned_vocab_spec)
+    assert EarlyExitDrafter.hf_counterpart == "hf_early_exit"
+
+
 def test_partial_exit_rejects_something(deep_target: TargetModel) -> None:
     """Guards the invariant test: a shallow exit is a different model and does get rejected."""
-    stats = SpeculativeDecoder(deep_target, EarlyExitDrafter(exit_layer=1), 4).generate(
+    stats = SpeculativeDecoder(deep_target, EarlyExitDrafter(exit_layer=1, adapter=None), 4).generate(
         PROMPT, 60, stop_token_ids=[]
     ).stats
     assert stats.acceptance_rate < 1.0
@@ -143,7 +160,7 @@ def test_lossless_at_temperature_one(deep_target: TargetModel, adapter_dir: Path
 def test_shared_cache_after_partial_acceptance(deep_target: TargetModel) -> None:
     """Draft 4 tokens through layers < 2, verify reusing them, keep 2: every layer's cache equals
     a plain forward over the kept sequence."""
-    drafter = EarlyExitDrafter(exit_layer=2)
+    drafter = EarlyExitDrafter(exit_layer=2, adapter=None)
     drafter.bind(deep_target)
     ctx_ids = torch.tensor([PROMPT])
     deep_target.reset()
@@ -169,7 +186,7 @@ def test_shared_cache_after_partial_acceptance(deep_target: TargetModel) -> None
 
 def test_shared_cache_after_decoding(deep_target: TargetModel) -> None:
     """After a whole generation, the cache holds exactly the committed tokens but the newest."""
-    dec = SpeculativeDecoder(deep_target, EarlyExitDrafter(exit_layer=2), 3, SamplingConfig(temperature=1.0))
+    dec = SpeculativeDecoder(deep_target, EarlyExitDrafter(exit_layer=2, adapter=None), 3, SamplingConfig(temperature=1.0))
     out = dec.generate(PROMPT, 23, stop_token_ids=[])
     assert out.stats.accepted < out.stats.drafted  # there were rejections to roll back
     committed = PROMPT + out.token_ids[0].tolist()
@@ -195,22 +212,27 @@ def test_forward_with_other_tokens_recomputes(deep_target: TargetModel) -> None:
 
 def test_bad_arguments(deep_target: TargetModel, adapter_dir: Path) -> None:
     with pytest.raises(ValueError, match="exit_layer"):
-        EarlyExitDrafter(exit_layer=0)
+        EarlyExitDrafter(exit_layer=0, adapter=None)
+    with pytest.raises(ValueError, match="without an adapter"):
+        EarlyExitDrafter(adapter=None)
     with pytest.raises(ValueError, match="trained at exit_layer=2"):
         EarlyExitDrafter(exit_layer=3, adapter=adapter_dir)
     with pytest.raises(ValueError, match="layers"):
-        EarlyExitDrafter(exit_layer=LAYERS + 1).bind(deep_target)
+        EarlyExitDrafter(exit_layer=LAYERS + 1, adapter=None).bind(deep_target)
     with pytest.raises(ValueError, match="neither a directory"):
         EarlyExitDrafter(exit_layer=1, adapter="no-such-adapter")
 
 
-def test_shipped_adapter_loads() -> None:
-    """The adapter shipped for the default target: exit layer 6, <= 10 MB, with its draft vocabulary."""
-    drafter = EarlyExitDrafter(adapter="smollm2-135m")
+def test_shipped_adapter_is_the_default() -> None:
+    """With no arguments: the adapter shipped for the default target (also by its full shipped
+    name): exit layer 6, <= 10 MB, with the pruned vocabulary it was trained on."""
+    drafter = EarlyExitDrafter()
     assert drafter.exit_layer == 6 and drafter.adapter is not None and drafter.adapter.hidden_size == 576
     assert drafter.adapter.context  # reads the target's final hidden state of the position before
-    assert drafter.vocab is not None and drafter.vocab.vocab_size == 49152
     shipped = resolve_adapter("smollm2-135m")
+    assert drafter.adapter_dir == shipped == resolve_adapter("smollm2-135m/early_exit")
+    vocab = resolve_pruned_vocab(drafter.pruned_vocab_spec, shipped, 49152)
+    assert vocab is not None and (shipped / VOCAB_FILE).is_file() and vocab.size < 49152
     assert sum(f.stat().st_size for f in shipped.iterdir()) <= 10 * 2**20
     assert "specdraft-train-early-exit" in json.loads((shipped / "adapter_config.json").read_text())["command"]
 

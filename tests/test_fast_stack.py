@@ -124,6 +124,19 @@ def test_quantized_projections_are_not_packed() -> None:
     assert TargetModel(model).fast is False
 
 
+def test_a_quantized_copy_runs_on_the_plain_stack_and_an_exact_copy_on_the_fast_one() -> None:
+    """`TargetModel(fast="auto")` is how the quantized drafter runs its copy: quantized layers (torch
+    dynamic int8, bitsandbytes) fall back to the HF stack, the unquantized copy keeps the fast one."""
+    from drafters.quantized import quantized_copy
+    from specdraft.fast_stack import fast_path_unsupported
+
+    model = tiny_random_llama()
+    for backend in ("torch", "bitsandbytes"):
+        copy = quantized_copy(model, 8, backend=backend)
+        assert "quantized?" in (fast_path_unsupported(copy) or "") and TargetModel(copy).fast is False
+    assert TargetModel(quantized_copy(model, 16)).fast is True
+
+
 def test_static_forward_matches_dynamic_forward_after_rollback() -> None:
     """`run_static` (what a CUDA graph captures: fixed shapes, attention over the whole buffer with
     a position mask) computes what the dynamic path computes, stale rejected K/V included."""

@@ -6,11 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from drafters.medusa import MedusaDrafter, MedusaHeads, build_peft_heads
+from drafters.medusa import MedusaDrafter
 from specdraft.decode import SpeculativeDecoder
+from specdraft.formats.medusa_heads import MedusaHeads
 from specdraft.protocol import DraftContext
 from specdraft.sampling import SamplingConfig
 from specdraft.target import TargetModel
+from specdraft.train.medusa import build_peft_heads
+from specdraft.vocab import PrunedVocab
 from tests.helpers import (
     exact_two_token_distribution,
     plain_greedy,
@@ -39,8 +42,9 @@ def random_heads(target: TargetModel, num_heads: int = 3, seed: int = 0, scale: 
 
 def drafter_with(target: TargetModel, tree=None, seed: int = 0, rows=None,  # noqa: ANN001
                  recurrent: bool = False) -> MedusaDrafter:
-    drafter = MedusaDrafter(heads=None, tree=tree)
-    drafter.attach(random_heads(target, seed=seed, recurrent=recurrent), rows=rows)
+    vocab = None if rows is None else PrunedVocab(rows, target.vocab_size)
+    drafter = MedusaDrafter(heads=None, tree=tree, pruned_vocab=vocab)
+    drafter.attach(random_heads(target, seed=seed, recurrent=recurrent))
     return drafter
 
 
@@ -53,7 +57,7 @@ def test_fresh_head_reproduces_lm_head_exactly(tiny_target: TargetModel) -> None
         logits = model(hidden)  # [M, K, V]
     for k in range(3):
         assert torch.equal(logits[:, k], expected)
-    drafter = MedusaDrafter(heads=None)
+    drafter = MedusaDrafter(heads=None, tree=None)
     drafter.bind(tiny_target)
     # the drafter's packed inference form re-associates the same sums: equal up to rounding
     assert torch.allclose(drafter.head_logits(hidden)[:, 0], expected, rtol=0, atol=1e-5)
@@ -72,7 +76,7 @@ def test_heads_have_distinct_blocks_and_share_the_projection(tiny_target: Target
 
 def test_compiled_heads_match_peft_forward(tiny_target: TargetModel) -> None:
     model = random_heads(tiny_target)
-    drafter = MedusaDrafter(heads=None)
+    drafter = MedusaDrafter(heads=None, tree=None)
     drafter.attach(model)
     hidden = torch.randn(3, tiny_target.hidden_size)
     with torch.no_grad():
@@ -176,7 +180,7 @@ def test_shipped_heads_greedy_exact_on_default_target(default_target: TargetMode
     assert out.token_ids[0].tolist() == plain_greedy(default_target, list(prompt), 32)
     assert out.stats.rounds < 32
     if tree == "auto":  # sized for this target's measured verify-cost curve
-        assert drafter._tree_cost is not None and drafter.paths
+        assert drafter.tree_curve is not None and drafter.paths
 
 
 # ------------------------------------------------------------------ recurrent (Hydra-style) heads
@@ -212,7 +216,7 @@ def test_fresh_recurrent_head_reproduces_lm_head_exactly(tiny_target: TargetMode
 def test_recurrent_steps_match_the_teacher_forced_forward(tiny_target: TargetModel) -> None:
     """Stepping head by head on the drafted tokens equals the batched teacher-forced forward that
     training uses; a head's logits change with the token before it (it is conditioned on it)."""
-    from drafters.medusa import CompiledHeads, PackedRecurrentHeads
+    from drafters.medusa_forms import CompiledHeads, PackedRecurrentHeads
 
     model = random_recurrent_heads(tiny_target, seed=5)
     compiled = CompiledHeads(model)
@@ -265,3 +269,75 @@ def test_recurrent_chain_test_catches_a_q_that_is_not_the_drafts_law(tiny_target
     dec = SpeculativeDecoder(tiny_target, drafter, num_draft_tokens=2, sampling=sampling)
     counts = sample_two_tokens(dec, [2, 9], n=1200, vocab=tiny_target.vocab_size)
     assert pooled_chisquare(counts, exact_two_token_distribution(tiny_target, [2, 9], sampling)) < 1e-6
+
+
+# ------------------------------------------------------------------ the lazy tree sizing
+def heads_dir_with_accuracy(target: TargetModel, path, accuracy: list[list[float]]):  # noqa: ANN001, ANN201
+    """Random heads saved as specdraft-train-medusa does, with hand-written held-out accuracies."""
+    from specdraft.formats.medusa_heads import save_accuracy, save_heads
+
+    save_heads(random_heads(target, seed=7), path, {"command": "test"})
+    save_accuracy(path, {"selfgen": {"rank_accuracy": accuracy, "label_ranks": []}})
+    return path
+
+
+def test_auto_tree_is_sized_on_first_proposal_for_the_measured_curve(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """Building and binding do no timing; the first proposal measures the target's verify-cost curve
+    (specdraft.costs, once per model), sizes the tree for it, and leaves the target's cache as it was
+    (greedy output equals plain greedy)."""
+    import specdraft.costs
+    from drafters.medusa_tree import MAX_TREE_NODES, choose_tree
+    from specdraft.models import tiny_random_target
+
+    target = tiny_random_target(vocab_size=16, seed=3)  # a fresh model: no curve memoised on it
+    accuracy = [[0.6, 0.2, 0.1], [0.4, 0.1, 0.05], [0.3, 0.1, 0.05]]
+    heads = heads_dir_with_accuracy(target, tmp_path / "heads", accuracy)
+    monkeypatch.setenv("SPECDRAFT_CACHE_DIR", str(tmp_path / "cache"))  # nothing cached: it must be measured
+    measure = specdraft.costs.measure_verify_curve
+    calls: list[int] = []
+
+    def refuse(target, max_k, **kwargs):  # noqa: ANN001, ANN202
+        raise AssertionError("the target was timed while building or binding the drafter")
+
+    def record(target, max_k, **kwargs):  # noqa: ANN001, ANN202
+        calls.append(max_k)
+        return measure(target, max_k, **kwargs)
+
+    monkeypatch.setattr(specdraft.costs, "measure_verify_curve", refuse)
+    drafter = MedusaDrafter(heads=str(heads), tree="auto", pruned_vocab=None)
+    dec = SpeculativeDecoder(target, drafter, num_draft_tokens=8)  # binds
+    drafter.bind(target)
+    assert drafter.paths is None and drafter.tree_curve is None
+
+    monkeypatch.setattr(specdraft.costs, "measure_verify_curve", record)
+    prompt = [1, 5, 3, 7]
+    out = dec.generate(prompt, max_new_tokens=24, stop_token_ids=[])
+    assert calls == [MAX_TREE_NODES]
+    assert drafter.tree_curve == target.verify_costs[: MAX_TREE_NODES + 1]
+    assert drafter.paths == choose_tree(accuracy, drafter.tree_curve)
+    assert out.token_ids[0].tolist() == plain_greedy(target, prompt, 24)
+    dec.generate(prompt, max_new_tokens=8, stop_token_ids=[])
+    assert calls == [MAX_TREE_NODES]  # measured once per model
+
+
+def test_auto_tree_follows_the_curve_it_is_given(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """A steeper measured curve gives a smaller tree: the sizing reads specdraft.costs.verify_curve."""
+    import specdraft.costs
+    from drafters.medusa_tree import MAX_TREE_NODES
+    from specdraft.models import tiny_random_target
+
+    target = tiny_random_target(vocab_size=16, seed=3)
+    accuracy = [[0.6, 0.2, 0.1, 0.05], [0.4, 0.1, 0.05, 0.03], [0.3, 0.1, 0.05, 0.02]]
+    heads = heads_dir_with_accuracy(target, tmp_path / "heads", accuracy)
+    hidden = torch.randn(1, target.hidden_size)
+    sizes = {}
+    for name, slope in (("flat", 0.003), ("steep", 0.5)):
+        curve = [1.0 + slope * k for k in range(MAX_TREE_NODES + 1)]
+        monkeypatch.setattr(specdraft.costs, "verify_curve", lambda t, max_k, c=curve: c[: max_k + 1])
+        drafter = MedusaDrafter(heads=str(heads), pruned_vocab=None)
+        drafter.bind(target)
+        ctx = DraftContext(torch.tensor([[4]]), hidden, SamplingConfig(), torch.Generator())
+        draft = drafter.propose(ctx, MAX_TREE_NODES)
+        assert drafter.tree_curve == curve and draft.num_tokens == len(drafter.paths)
+        sizes[name] = len(drafter.paths)
+    assert 1 <= sizes["steep"] < sizes["flat"]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 
@@ -71,8 +72,8 @@ def check_pruned_vocab_exact(target: TargetModel, make_drafter: Callable[[Path],
     assert sampled.generate(PROMPT, 30, stop_token_ids=[]).stats.drafted > 0
 
 
-def test_pruned_draft_vocab_stays_exact(tiny_target: TargetModel, tmp_path: Path) -> None:
-    check_pruned_vocab_exact(tiny_target, lambda path: QuantizedDrafter(bits=8, draft_vocab=path), tmp_path)
+def test_pruned_vocab_stays_exact(tiny_target: TargetModel, tmp_path: Path) -> None:
+    check_pruned_vocab_exact(tiny_target, lambda path: QuantizedDrafter(bits=8, pruned_vocab=path), tmp_path)
 
 
 def test_config_instantiates(tiny_target: TargetModel) -> None:
@@ -81,6 +82,15 @@ def test_config_instantiates(tiny_target: TargetModel) -> None:
     assert isinstance(drafter, QuantizedDrafter) and drafter.bits == 4 and drafter.quant_type == "nf4"
     drafter.bind(tiny_target)
     assert drafter.memory["copy_bytes"] > 0
+
+
+def test_yaml_repeats_the_constructor_defaults() -> None:
+    """conf/drafter/quantized.yaml builds what QuantizedDrafter() builds: every constructor argument,
+    at its default."""
+    cfg = OmegaConf.to_container(OmegaConf.load(Path(conf.__file__).parent / "drafter" / "quantized.yaml"))
+    assert cfg.pop("_target_") == "drafters.quantized.QuantizedDrafter"
+    assert cfg == {n: p.default for n, p in inspect.signature(QuantizedDrafter).parameters.items()}
+    assert QuantizedDrafter.hf_counterpart is None
 
 
 def test_memory_report(tiny_target: TargetModel) -> None:
@@ -110,8 +120,8 @@ def test_bad_arguments(tiny_target: TargetModel, tmp_path: Path) -> None:
         QuantizedDrafter(bits=4, backend="torch")
     path = tmp_path / "vocab.json"
     PrunedVocab([1, 2], vocab_size=99).save(path)
-    with pytest.raises(ValueError, match="vocabulary of 99"):
-        QuantizedDrafter(draft_vocab=path).bind(tiny_target)
+    with pytest.raises(ValueError, match="built for 99 tokens"):
+        QuantizedDrafter(pruned_vocab=path).bind(tiny_target)
 
 
 @pytest.mark.slow

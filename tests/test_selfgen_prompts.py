@@ -7,11 +7,11 @@ from collections import Counter
 
 import pytest
 
-from specdraft.train.selfgen import Prompt
 from specdraft.train.selfgen_prompts import (
     FOLLOWUPS_BY_SKILL,
     KINDS,
     SECOND_REVISIONS,
+    Prompt,
     build_extra_prompts,
     exclude_suite,
     extra_prompts_for,

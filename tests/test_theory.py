@@ -49,3 +49,14 @@ def test_predicted_speedup_flat_curve_matches_seed() -> None:
     # A verify cost that grows with k lowers the prediction.
     rising = [t_p * (1 + 0.1 * k) for k in range(9)]
     assert theory.predicted_speedup([0.8] * 8, 0.1 * t_p, rising, 4) < got
+
+
+def test_predicted_speedup_of_a_mix_weights_rounds_and_pays_the_prefill() -> None:
+    acc, t_q, t_v = [0.9, 0.6, 0.3], 0.002, [0.04, 0.044, 0.046, 0.05]
+    assert theory.predicted_speedup(acc, t_q, t_v, {2: 1}) == theory.predicted_speedup(acc, t_q, t_v, 2)
+    tokens = 3 * theory.expected_tokens_from_profile(acc, 3) + 2 * 1.0  # 3 rounds at k=3, 2 AR rounds
+    seconds = 3 * (3 * t_q + t_v[3]) + 2 * t_v[0]
+    want = (0.5 + tokens * t_v[0]) / (0.5 + seconds)
+    assert theory.predicted_speedup(acc, t_q, t_v, {3: 3, 0: 2}, prefill_s=0.5) == pytest.approx(want)
+    with pytest.raises(ValueError, match="verify cost of every draft length"):
+        theory.predicted_speedup(acc, t_q, t_v, {5: 1})

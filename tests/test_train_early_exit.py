@@ -9,18 +9,26 @@ import pytest
 import torch
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
+from hydra.utils import instantiate
 
 from drafters.early_exit import EarlyExitDrafter
 from specdraft.models import tiny_random_target
 from specdraft.target import TargetModel
-from specdraft.vocab import PrunedVocab
-from specdraft.exit_adapter import ExitAdapter, exit_logits, load_adapter, save_adapter
-from specdraft.train.early_exit import agreement, precompute_teacher, run, train_adapter, train_sample
+from specdraft.vocab import VOCAB_FILE, PrunedVocab
+from specdraft.formats.exit_adapter import ExitAdapter, exit_logits, load_adapter, save_adapter
+from specdraft.train.early_exit import agreement, losses, precompute_teacher, run, train_adapter, train_sample
+from specdraft.train.loop import TrainSettings
 
 
 def teacher_data(target: TargetModel, tmp_path: Path, exit_layer: int = 1, with_prev: bool = False) -> dict[str, torch.Tensor]:
     return precompute_teacher(target, BLOCKS(target), exit_layer, top_k=8, out_dir=tmp_path / "cache",
                               shard_blocks=4, with_prev=with_prev)
+
+
+def fit(steps: int, lr: float = 1e-2, **kwargs: object) -> TrainSettings:
+    """Settings of a short run: cosine from lr to 0 without warm-up or clipping (overridable)."""
+    return TrainSettings(**{"max_steps": steps, "lr": lr, "warmup_steps": 0, "min_lr_ratio": 0.0, "grad_clip": None,
+                            **kwargs})
 
 
 def BLOCKS(target: TargetModel) -> torch.Tensor:  # noqa: N802 - fixed data
@@ -33,8 +41,8 @@ def test_loss_goes_down_and_agreement_rises(tmp_path: Path) -> None:
     assert data["hidden"].shape == (256, 32) and data["top_ids"].shape == (256, 8)
     adapter = ExitAdapter(hidden_size=32, width=64)
     before = agreement(target, adapter, data)["top1"]
-    losses = train_adapter(target, adapter, data, steps=60, batch_tokens=128, lr=1e-2, log_every=20)
-    assert sum(losses[-10:]) / 10 < 0.8 * sum(losses[:10]) / 10
+    curve = losses(train_adapter(target, adapter, data, fit(60), batch_tokens=128, log=False))
+    assert sum(curve[-10:]) / 10 < 0.8 * sum(curve[:10]) / 10
     assert agreement(target, adapter, data)["top1"] > before
 
 
@@ -47,8 +55,8 @@ def test_context_adapter_learns_more_than_plain(tmp_path: Path) -> None:
     results = {}
     for context in (False, True):
         adapter = ExitAdapter(hidden_size=32, width=64, context=context)
-        losses = train_adapter(target, adapter, data, steps=150, batch_tokens=128, lr=1e-2, log_every=50)
-        assert sum(losses[-10:]) / 10 < 0.8 * sum(losses[:10]) / 10
+        curve = losses(train_adapter(target, adapter, data, fit(150), batch_tokens=128, log=False))
+        assert sum(curve[-10:]) / 10 < 0.8 * sum(curve[:10]) / 10
         results[context] = agreement(target, adapter, data)
     assert results[True]["top1"] > results[False]["top1"]
     assert "top1_chained" in results[True] and "top1_chained" not in results[False]
@@ -76,8 +84,8 @@ def test_pruned_vocab_training(tmp_path: Path) -> None:
     data = teacher_data(target, tmp_path)
     vocab = PrunedVocab(range(0, 64, 2), vocab_size=64)
     adapter = ExitAdapter(hidden_size=32, width=64)
-    losses = train_adapter(target, adapter, data, steps=60, batch_tokens=128, lr=1e-2, vocab=vocab)
-    assert sum(losses[-10:]) / 10 < 0.8 * sum(losses[:10]) / 10
+    curve = losses(train_adapter(target, adapter, data, fit(60), batch_tokens=128, vocab=vocab, log=False))
+    assert sum(curve[-10:]) / 10 < 0.8 * sum(curve[:10]) / 10
     result = agreement(target, adapter, data, vocab=vocab)
     assert 0.0 < result["top1"] <= result["top5"] <= 1.0
 
@@ -90,14 +98,27 @@ def test_untrained_adapter_is_identity() -> None:
         ExitAdapter(hidden_size=32, width=16, context=True)(h)
 
 
-def test_checkpoint_resume_and_roundtrip(tmp_path: Path) -> None:
+def test_checkpoint_resume_is_exact_and_roundtrip(tmp_path: Path) -> None:
+    """A run stopped after 4 steps and resumed to 10 ends with the weights of an uninterrupted run of
+    10 (a step's batch depends on the step alone; constant lr, so the schedule does not depend on
+    max_steps), and a saved adapter loads back to the same exit."""
     target = tiny_random_target(vocab_size=64, seed=3, num_layers=3)
     data = teacher_data(target, tmp_path)
     ckpt = tmp_path / "ckpt.pt"
-    adapter = ExitAdapter(hidden_size=32, width=64)
-    train_adapter(target, adapter, data, steps=10, batch_tokens=64, lr=1e-2, checkpoint=ckpt, max_seconds=0.0)
-    resumed = ExitAdapter(hidden_size=32, width=64)
-    assert len(train_adapter(target, resumed, data, steps=10, batch_tokens=64, lr=1e-2, checkpoint=ckpt)) == 9
+    fresh = {}
+    for name in ("whole", "resumed"):
+        torch.manual_seed(0)
+        fresh[name] = ExitAdapter(hidden_size=32, width=64)
+        torch.nn.init.normal_(fresh[name].down[0].weight, std=0.1)
+    train_adapter(target, fresh["whole"], data, fit(10, min_lr_ratio=1.0), batch_tokens=64, log=False)
+    first = train_adapter(target, fresh["resumed"], data, fit(4, min_lr_ratio=1.0), batch_tokens=64, checkpoint=ckpt,
+                          log=False)
+    assert first.step == 4 and ckpt.is_file()
+    resumed = ExitAdapter(hidden_size=32, width=64)  # weights and optimizer state come from the checkpoint
+    log = train_adapter(target, resumed, data, fit(10, min_lr_ratio=1.0), batch_tokens=64, checkpoint=ckpt, log=False)
+    assert log.step == 10 and len(losses(log)) == 10
+    for a, b in zip(resumed.parameters(), fresh["whole"].parameters(), strict=True):
+        torch.testing.assert_close(a, b)
     save_adapter(resumed, tmp_path / "out", {"exit_layer": 1})
     loaded, meta = load_adapter(tmp_path / "out")
     h = data["hidden"][:5].float()
@@ -116,8 +137,8 @@ def test_recipe_end_to_end(tmp_path: Path, context: bool, sources: str) -> None:
             "train_early_exit",
             overrides=[
                 "target=tiny_random", "+target.num_layers=3", "exit_layer=1", "block_size=64",
-                "train_tokens=1024", "eval_tokens=256", "steps=5", "batch_tokens=64", "top_k=4",
-                f"sources={sources}", "adapter.width=16", f"draft_vocab={vocab_path}", f"cache_dir={tmp_path / 'cache'}",
+                "train_tokens=1024", "eval_tokens=256", "train.max_steps=5", "batch_tokens=64", "top_k=4",
+                f"sources={sources}", "adapter.width=16", f"pruned_vocab={vocab_path}", f"cache_dir={tmp_path / 'cache'}",
                 f"out_dir={tmp_path / 'adapter'}", f"adapter.context={str(context).lower()}",
             ],
         )
@@ -128,9 +149,11 @@ def test_recipe_end_to_end(tmp_path: Path, context: bool, sources: str) -> None:
     if "selfgen" in sources:  # the two domains are also scored apart, 256 held-out tokens each
         assert set(metrics["by_source"]) == {"selfgen", "pydoc"}
         assert metrics["by_source"]["pydoc"]["trained"]["tokens"] == 256 == metrics["trained"]["tokens"] // 2
+    assert (tmp_path / "adapter" / VOCAB_FILE).is_file()
     drafter = EarlyExitDrafter(adapter=tmp_path / "adapter")
     assert drafter.exit_layer == 1 and drafter.adapter is not None and drafter.adapter.context == context
-    assert drafter.vocab is not None and drafter.vocab.size == 4096  # trained on it, drafts on it
+    drafter.bind(instantiate(cfg.target))
+    assert drafter.vocab is not None and drafter.vocab.size == 4096  # trained on it, drafts on it (pruned_vocab=auto)
 
 
 def test_chained_training_learns_its_own_feature(tmp_path: Path) -> None:
@@ -142,8 +165,9 @@ def test_chained_training_learns_its_own_feature(tmp_path: Path) -> None:
     for chain_prob in (0.0, 1.0):
         torch.manual_seed(0)
         adapter = ExitAdapter(hidden_size=32, width=64, context=True)
-        losses = train_adapter(target, adapter, data, steps=150, batch_tokens=128, lr=1e-2, chain_prob=chain_prob)
-        assert sum(losses[-10:]) / 10 < 0.8 * sum(losses[:10]) / 10
+        run_log = train_adapter(target, adapter, data, fit(150), batch_tokens=128, chain_prob=chain_prob, log=False)
+        curve = losses(run_log)
+        assert sum(curve[-10:]) / 10 < 0.8 * sum(curve[:10]) / 10
         chained[chain_prob] = agreement(target, adapter, data)["top1_chained"]
     assert chained[1.0] > chained[0.0] + 0.05  # measured: +0.15 to +0.2 on four tiny targets
 
@@ -183,3 +207,25 @@ def test_a_longer_run_redoes_the_partial_last_shard(tmp_path: Path) -> None:
     fresh = precompute_teacher(target, blocks, 1, top_k=8, out_dir=tmp_path / "fresh", shard_blocks=4)
     assert longer["hidden"].shape[0] == 8 * 32
     torch.testing.assert_close(longer["top_ids"], fresh["top_ids"])
+
+
+def test_distill_loss_treats_tokens_outside_the_vocabulary_either_way() -> None:
+    """The one distillation loss: with every teacher id inside both treatments are the plain top-k
+    cross-entropy; with ids outside (-1), renormalize=True is the cross-entropy to the teacher
+    renormalised over the ids inside (positions with none skipped), renormalize=False drops them
+    from the full top-k softmax and averages over every position."""
+    from specdraft.train.losses import distill_loss
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, generator=gen)  # [N, M]
+    top_logits = torch.randn(3, 2, generator=gen)  # [N, k]
+    inside = torch.tensor([[0, 1], [2, 3], [4, 0]])
+    logq = torch.log_softmax(logits, -1)
+    full = -(torch.softmax(top_logits, -1) * logq.gather(-1, inside)).sum(-1).mean()
+    for renormalize in (True, False):
+        torch.testing.assert_close(distill_loss(logits, top_logits, inside, renormalize), full)
+    outside = torch.tensor([[0, -1], [2, 3], [-1, -1]])  # row 0: one id inside; row 2: none
+    p = torch.softmax(top_logits, -1)
+    row0, row1 = -logq[0, 0], -(p[1] * logq[1, [2, 3]]).sum()
+    torch.testing.assert_close(distill_loss(logits, top_logits, outside), (row0 + row1) / 2)
+    torch.testing.assert_close(distill_loss(logits, top_logits, outside, renormalize=False), (p[0, 0] * row0 + row1) / 3)

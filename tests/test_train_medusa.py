@@ -1,5 +1,6 @@
 """specdraft-train-medusa on a tiny random target: cached hidden states, every head's loss goes
-down, checkpoints resume, and the saved PEFT adapter reloads to identical outputs."""
+down, checkpoints resume (exactly: a resumed run ends where an uninterrupted one does), and the
+saved PEFT adapter reloads to identical outputs."""
 
 from __future__ import annotations
 
@@ -11,25 +12,28 @@ from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
-from drafters.medusa import CompiledHeads, MedusaDrafter, load_heads
+from drafters.medusa import MedusaDrafter
+from drafters.medusa_forms import CompiledHeads
+from specdraft.formats.medusa_heads import load_heads, save_heads
 from specdraft.models import tiny_random_target
 from specdraft.protocol import DraftContext
 from specdraft.sampling import SamplingConfig
 from specdraft.target import TargetModel
-from specdraft.vocab import build_pruned_vocab
-from specdraft.train.medusa import concat, evaluate, head_losses, precompute, save_heads, train
+from specdraft.train.medusa import concat, evaluate, head_losses, precompute, train
+from specdraft.vocab import VOCAB_FILE, build_pruned_vocab
 
 
-def tiny_cfg(tmp_path: Path, **train: object) -> DictConfig:
+def tiny_cfg(tmp_path: Path, loss: str = "ce", **train: object) -> DictConfig:
     GlobalHydra.instance().clear()
     with initialize_config_module(config_module="conf", version_base="1.3"):
         cfg = compose(config_name="train_medusa")
     GlobalHydra.instance().clear()
     cfg = OmegaConf.merge(cfg, {
         "cache_dir": str(tmp_path / "cache"), "out_dir": str(tmp_path / "heads"),
-        "num_heads": 3, "lora_rank": 4, "lora_alpha": 8,
-        "train": {"lr": 0.02, "max_steps": 60, "batch_size": 64, "bf16": False, "eval_every": 0,
-                  "checkpoint_every": 20, "warmup_steps": 1, "max_seconds": 1e9, **train},
+        "num_heads": 3, "lora_rank": 4, "lora_alpha": 8, "batch_size": 64, "bf16": False,
+        "heads_loss": {"loss": loss},
+        "train": {"lr": 0.02, "max_steps": 60, "eval_every": 0, "checkpoint_every": 20, "warmup_steps": 1,
+                  "max_minutes": None, **train},
     })
     return cfg
 
@@ -49,9 +53,9 @@ def greedy_sequences(target: TargetModel, n: int, length: int) -> list[tuple[tor
 def test_config_composes() -> None:
     GlobalHydra.instance().clear()
     with initialize_config_module(config_module="conf", version_base="1.3"):
-        cfg = compose(config_name="train_medusa", overrides=["num_heads=4", "train.loss=kl"])
+        cfg = compose(config_name="train_medusa", overrides=["num_heads=4", "heads_loss.loss=kl"])
     GlobalHydra.instance().clear()
-    assert cfg.num_heads == 4 and cfg.train.loss == "kl"
+    assert cfg.num_heads == 4 and cfg.heads_loss.loss == "kl"
 
 
 @pytest.mark.parametrize("loss", ["ce", "kl"])
@@ -83,7 +87,7 @@ def test_training_lowers_every_head_loss_and_reloads(tmp_path: Path, loss: str) 
     hidden = data.hidden[:20]
     with torch.no_grad():
         assert torch.equal(reloaded(hidden), model(hidden))
-    drafter = MedusaDrafter(heads=str(out))
+    drafter = MedusaDrafter(heads=str(out), tree=None)  # no accuracy.json to grow a tree from
     drafter.bind(target)
     with torch.no_grad():
         assert torch.allclose(drafter.head_logits(hidden), model(hidden), atol=1e-5)
@@ -103,18 +107,49 @@ def test_training_resumes_from_checkpoint(tmp_path: Path) -> None:
     assert state["step"] == 40 and len(state["history"]) == 40
 
 
+def test_resumed_training_ends_where_an_uninterrupted_run_does(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """Each step's batch is a function of the step: a run interrupted after its checkpoint at step 20
+    and resumed reaches step 40 with exactly the weights of a run that was never interrupted."""
+    import specdraft.train.medusa as recipe
+
+    torch.set_num_threads(1)
+    target = tiny_random_target(vocab_size=16, seed=1, hidden_size=32)
+    data = precompute(target, greedy_sequences(target, 8, 20), tmp_path / "c", "t", 100)
+    cfg = tiny_cfg(tmp_path, max_steps=40)
+    whole, _ = train(cfg, target, data, {}, tmp_path / "whole.pt")
+
+    draw = recipe.batch_positions
+
+    def interrupted(inputs, step, batch_size, seed):  # noqa: ANN001, ANN202
+        if step == 20:
+            raise KeyboardInterrupt  # the process dies right after the step-20 checkpoint
+        return draw(inputs, step, batch_size, seed)
+
+    monkeypatch.setattr(recipe, "batch_positions", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, target, data, {}, tmp_path / "resumed.pt")
+    assert torch.load(tmp_path / "resumed.pt")["step"] == 20
+    monkeypatch.setattr(recipe, "batch_positions", draw)
+    resumed, log = train(cfg, target, data, {}, tmp_path / "resumed.pt")
+    assert log["steps"] == 40
+    expected = {n: p for n, p in whole.named_parameters() if p.requires_grad}
+    got = {n: p for n, p in resumed.named_parameters() if p.requires_grad}
+    assert expected.keys() == got.keys()
+    assert all(torch.equal(expected[n], got[n]) for n in expected)
+
+
 def test_pruned_vocab_training_and_drafter(tmp_path: Path) -> None:
     torch.set_num_threads(1)
     target = tiny_random_target(vocab_size=16, seed=1, hidden_size=32)
     data = precompute(target, greedy_sequences(target, 12, 20), tmp_path / "c", "t", 1000)
     vocab = build_pruned_vocab(data.choice, 10, 16)
-    model, _ = train(tiny_cfg(tmp_path, max_steps=30), target, data, {}, tmp_path / "ck.pt", vocab.ids)
-    acc_pruned = evaluate(model, data, 3, 500, vocab.ids)
+    model, _ = train(tiny_cfg(tmp_path, max_steps=30), target, data, {}, tmp_path / "ck.pt", vocab)
+    acc_pruned = evaluate(model, data, 3, 500, vocab)
     assert all(0 <= x <= 1 for x in acc_pruned["top1"])
     out = tmp_path / "heads"
     save_heads(model, out, {"command": "test"})
-    vocab.save(out / "vocab.json")
-    drafter = MedusaDrafter(heads=str(out))
+    vocab.save(out / VOCAB_FILE)
+    drafter = MedusaDrafter(heads=str(out), tree=None)  # pruned_vocab "auto": the file saved with the heads
     drafter.bind(target)
     hidden = data.hidden[:6]
     full = drafter.head_logits(hidden)  # [6, K, 10]
@@ -159,7 +194,7 @@ def test_recurrent_heads_train_save_in_float16_and_draft(tmp_path: Path) -> None
         assert torch.allclose(reloaded(hidden, tokens), model(hidden, tokens), atol=1e-2)
     with pytest.raises(ValueError, match="embed"):
         load_heads(out, target.lm_head.weight)
-    drafter = MedusaDrafter(heads=str(out))
+    drafter = MedusaDrafter(heads=str(out), tree=None)
     drafter.bind(target)
     ctx = DraftContext(torch.tensor([[1, 2]]), hidden[:1], SamplingConfig(), torch.Generator())
     assert drafter.propose(ctx, 3).num_tokens == 3

@@ -1,37 +1,44 @@
 """Candidate trees: shapes as plain data, the tree mask, greedy tree verification on hand-written
-arrays, tree choice from accuracies, and KV-cache compaction equal to a plain forward."""
+arrays, Medusa's tree choice from accuracies over hand-written verify-cost curves
+(drafters.medusa_tree), and KV-cache compaction equal to a plain forward."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from specdraft.check import chisquare_pvalue
-from specdraft.protocol import Draft
-from specdraft.sampling import SamplingConfig
-from specdraft.target import TargetModel
-from specdraft.tree import (
+from drafters.medusa_tree import (
     MAX_TREE_NODES,
-    accepted_positions,
     choose_tree,
     expected_accepted,
-    greedy_verify_tree,
     grow_tree,
-    load_tree,
+    resolve_tree,
+    tree_draft,
+    verify_cost,
+)
+from specdraft.check import chisquare_pvalue
+from specdraft.formats.medusa_heads import load_accuracy
+from specdraft.protocol import Draft
+from specdraft.sampling import SamplingConfig
+from specdraft.shipped import ARTIFACTS_DIR
+from specdraft.target import TargetModel
+from specdraft.tree import (
+    accepted_positions,
+    greedy_verify_tree,
+    sample_verify_tree,
     tree_attention,
     tree_depths,
-    tree_draft,
-    sample_verify_tree,
     tree_forward,
     tree_parents,
     validate_paths,
-    verify_cost,
 )
 
 PATHS = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]
+# hand-written verify-cost curves T_v(k)/T_v(0), k = 0..MAX_TREE_NODES draft nodes
+CURVE = [1.0 + 0.064 * k for k in range(MAX_TREE_NODES + 1)]  # ~ the plain HF stack on one CPU thread
+FLAT = [1.0 + 0.1 * k / MAX_TREE_NODES for k in range(MAX_TREE_NODES + 1)]  # extra nodes almost free (fast stack, GPU)
+STEEP = [1.0 + 0.5 * k for k in range(MAX_TREE_NODES + 1)]  # each node costs half a forward
 
 
 def test_parents_and_depths() -> None:
@@ -86,27 +93,28 @@ def test_choose_tree_from_accuracies() -> None:
     grown = grow_tree(acc, 6)
     assert grown[0] == (0,) and grown[1] == (0, 0)
     validate_paths(grown)
-    tree = choose_tree(acc, max_nodes=16)
+    tree = choose_tree(acc, CURVE, max_nodes=16)
     assert 1 <= len(tree) <= 16
     assert expected_accepted(tree, acc) > expected_accepted(tree[:1], acc)
-    assert verify_cost(1) == 1.0 and verify_cost(40) > verify_cost(32)
-    assert choose_tree([[0.0], [0.0]]) == []
+    assert verify_cost(0, CURVE) == 1.0 and verify_cost(40, CURVE) > verify_cost(32, CURVE)
+    assert verify_cost(40, CURVE) == pytest.approx(1.0 + 0.064 * 40)  # linear beyond the measured end
+    assert choose_tree([[0.0], [0.0]], CURVE) == []
 
 
 def test_auto_tree_is_sized_by_the_verify_cost_curve() -> None:
     acc = [[0.6, 0.15, 0.05, 0.03], [0.4, 0.1, 0.05, 0.03], [0.3, 0.1, 0.05, 0.02]]
-    flat = {1: 1.0, 33: 1.1}  # extra nodes almost free (the fast stack on CPU, a GPU)
-    steep = {1: 1.0, 33: 17.0}  # each node costs half a forward
-    big, small = choose_tree(acc, cost=flat), choose_tree(acc, cost=steep)
+    big, small = choose_tree(acc, FLAT), choose_tree(acc, STEEP)
     assert len(small) < len(big) <= MAX_TREE_NODES
-    shipped = Path(__file__).resolve().parent.parent / "specdraft/artifacts/smollm2-135m/medusa"
-    auto_flat = load_tree("auto", shipped, 3, cost=flat)
-    assert len(load_tree("auto", shipped, 3, cost=steep)) < len(auto_flat)
-    fixed = load_tree(16, shipped, 3)  # a node count: the best-first tree of exactly that size
+    shipped = load_accuracy(ARTIFACTS_DIR / "smollm2-135m" / "medusa", max_depth=3)
+    auto_flat = resolve_tree("auto", shipped, 3, curve=FLAT)
+    assert len(resolve_tree("auto", shipped, 3, curve=STEEP)) < len(auto_flat)
+    fixed = resolve_tree(16, shipped, 3)  # a node count: the best-first tree of exactly that size
     assert len(auto_flat) >= 16 and fixed == auto_flat[:16]
     for bad in (0, True, [0, 1], "big"):  # zero nodes, a bool, paths that are not lists, a typo
         with pytest.raises(ValueError, match="node count"):
-            load_tree(bad, shipped, 3)
+            resolve_tree(bad, shipped, 3)
+    with pytest.raises(ValueError, match="accuracy.json"):  # fresh heads have nothing to grow a tree from
+        resolve_tree("auto", None, 3, curve=FLAT)
 
 
 def test_tree_kv_rollback_equals_plain_forward(tiny_target: TargetModel) -> None:

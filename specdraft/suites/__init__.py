@@ -1,4 +1,4 @@
-"""Prompt suites: the JSONL files that `specdraft-bench`, `make demo` and the benchmarks run.
+"""Prompt suites: the JSONL files that `specdraft-bench`, `make demo` and the GPU check run.
 
 A suite is a JSONL file, one prompt per line, in one of two forms:
 
@@ -7,8 +7,11 @@ A suite is a JSONL file, one prompt per line, in one of two forms:
 
 plus an optional positive integer "max_new_tokens". `messages` go through the tokenizer's chat
 template (with the generation prompt appended); a raw `prompt` is encoded as it is. Built-in suites
-ship as package data in `specdraft/suites/` ("builtin": 6 categories in the spirit of Spec-Bench;
-"quick": a 2-per-category subset of it for `make demo`); any other name is read as a file path.
+ship as package data in `specdraft/suites/` ("builtin": 6 categories x 6 prompts in the spirit of
+Spec-Bench, written by `benchmarks/make_builtin_suite.py`; "quick": its first two prompts of four
+categories, for `make demo`); any other name is read as a file path. The shipped drafters' training
+prompts were built in the builtin suite's categories, so for them it is in-distribution: judge a
+trained drafter on a held-out suite of your own as well (docs/ARCHITECTURE.md, evaluation).
 Every malformed line raises a `ValueError` naming the file, the line number and the problem, so a
 user's own suite fails before any model is loaded.
 """

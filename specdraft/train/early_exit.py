@@ -1,39 +1,43 @@
 """Exit-adapter training for early-exit self-drafting (`specdraft-train-early-exit`).
 
 The draft of `drafters.early_exit.EarlyExitDrafter` is the target's own first E layers followed by
-the target's final norm and lm_head. Untrained, that exit rarely agrees with the full model (2.4 %
-top-1 after layer 6 of SmolLM2-135M), so a small residual MLP (`ExitAdapter`, zero-initialised:
-it starts as the identity) is trained on layer E's hidden state to imitate the final layer's
-distribution (cross-entropy to the teacher's top-k distribution).
+the target's final norm and lm_head. Untrained, that exit rarely agrees with the full model, so a
+small residual MLP (`ExitAdapter`, zero-initialised: it starts as the identity) is trained on layer
+E's hidden state to imitate the final layer's distribution (`specdraft.train.losses.distill_loss`,
+cross-entropy to the teacher's top-k distribution), by the one training skeleton
+(`specdraft.train.loop.train`: the config's `train:` group).
 
 Teacher outputs are expensive (a full forward per token) and the adapter is cheap, so the recipe
 precomputes once and caches on disk: layer-E hidden states [N, H] (float16) and the teacher's
 top-k logits/ids [N, k]; training then only runs adapter + norm + lm_head. Every phase is
-resumable (cache shards, training checkpoints), so a killed background job loses little.
+resumable (cache shards, training checkpoints; a step's batch depends on the step alone, so a
+resumed run sees the batches an uninterrupted one would), so a killed background job loses little.
 `adapter.context=true` trains a context adapter (`ExitAdapter(context=True)`): it also reads the
 target's final-layer hidden state of the position before, cached with the rest.
 
     specdraft-train-early-exit exit_layer=6 adapter.context=true "sources=[selfgen,stdlib,pydoc]" \
-        train_tokens=3200000 steps=60000 train_minutes=35 threads=2 \
-        draft_vocab=specdraft/artifacts/smollm2-135m/draft/pruned_vocab.json out_dir=specdraft/artifacts/smollm2-135m/early_exit
+        train_tokens=3200000 eval_tokens=4096 train.max_steps=60000 train.max_minutes=35 threads=2 \
+        pruned_vocab=specdraft/artifacts/smollm2-135m/draft/pruned_vocab.json \
+        out_dir=specdraft/artifacts/smollm2-135m/early_exit
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-import math
 import sys
-import time
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from specdraft.exit_adapter import VOCAB_FILE, ExitAdapter, exit_head, exit_hidden, exit_logits, save_adapter
+from specdraft.formats.exit_adapter import ExitAdapter, exit_head, exit_hidden, exit_logits, save_adapter
 from specdraft.target import TargetModel
-from specdraft.vocab import PrunedVocab
+from specdraft.train.loop import Evaluate, TrainLog, TrainSettings, train
+from specdraft.train.losses import distill_loss
+from specdraft.vocab import VOCAB_FILE, PrunedVocab, resolve_pruned_vocab
 
 log = logging.getLogger(__name__)
 
@@ -79,18 +83,6 @@ def precompute_teacher(
 
 
 # ----------------------------------------------------------------------------------- training
-def distill_loss(logits: Tensor, top_logits: Tensor, top_ids: Tensor) -> Tensor:
-    """Cross-entropy of the student logits [N, V] to the teacher's top-k distribution
-    (softmax over its top-k logits [N, k] at ids [N, k]); equals KL up to the teacher's entropy.
-    Ids < 0 (outside a pruned vocabulary) are left out of the teacher distribution; rows with no
-    id left are skipped."""
-    valid = top_ids >= 0  # [N, k]
-    rows = valid.any(-1)  # [N]
-    teacher = torch.softmax(top_logits.float().masked_fill(~valid, float("-inf")), dim=-1)[rows]  # [n, k]
-    logq = torch.log_softmax(logits[rows], dim=-1).gather(-1, top_ids[rows].clamp(min=0).long())  # [n, k]
-    return -(teacher * logq).sum(-1).mean()
-
-
 @torch.no_grad()
 def agreement(
     target: TargetModel, adapter: ExitAdapter | None, data: dict[str, Tensor], batch: int = 512,
@@ -129,82 +121,66 @@ def agreement(
     return result
 
 
+def step_generator(seed: int, step: int) -> torch.Generator:
+    """The random generator of one training step: the batch is a function of (seed, step) alone,
+    so a resumed run draws what an uninterrupted one would."""
+    return torch.Generator().manual_seed(seed * 2**32 + step)
+
+
 def train_adapter(
     target: TargetModel,
     adapter: ExitAdapter,
-    train: dict[str, Tensor],
-    steps: int,
+    train_data: dict[str, Tensor],
+    settings: TrainSettings,
     batch_tokens: int,
-    lr: float,
+    *,
     seed: int = 0,
-    max_seconds: float | None = None,
-    checkpoint: Path | None = None,
-    checkpoint_every: int = 100,
-    log_every: int = 50,
     vocab: PrunedVocab | None = None,
     chain_prob: float = 0.0,
-) -> list[float]:
-    """AdamW on `distill_loss` with cosine decay over steps or over max_seconds, whichever runs
-    out first (on a shared CPU the time budget usually does); the target stays frozen. Resumes
-    from (and writes) `checkpoint` (adapter + optimizer + step). With `vocab` the student projects
-    onto that subset only (V / M times cheaper). chain_prob: for a context adapter, the share of
-    positions whose `prev` is the adapter's own (detached) output at the position before instead of
-    the target's, as for the second and later draft tokens. Returns the loss of every step."""
+    checkpoint: Path | None = None,
+    evaluate: Evaluate | None = None,
+    log: bool = True,
+) -> TrainLog:
+    """Train `adapter` on `distill_loss` with the one training skeleton (`specdraft.train.loop.train`:
+    AdamW, warm-up + cosine over steps or the time budget, resumable `checkpoint`, `evaluate` hook);
+    the target stays frozen. Each step draws `batch_tokens` cached positions of train_data.
+
+    vocab: the student projects onto that subset only (V / M times cheaper). chain_prob: for a
+    context adapter, the share of positions whose `prev` is the adapter's own (detached) output at
+    the position before instead of the target's, as for the second and later draft tokens.
+    """
     for p in target.model.parameters():
         p.requires_grad_(False)
-    opt = torch.optim.AdamW(adapter.parameters(), lr=lr, weight_decay=0.0)
-    step = 0
-    if checkpoint is not None and checkpoint.is_file():
-        state = torch.load(checkpoint, weights_only=True)
-        adapter.load_state_dict(state["adapter"])
-        opt.load_state_dict(state["optimizer"])
-        step = int(state["step"])
-        log.info("resumed from %s at step %d", checkpoint, step)
-    gen = torch.Generator().manual_seed(seed + step)
-    n = train["hidden"].shape[0]
+    n = train_data["hidden"].shape[0]
     head = None if vocab is None else vocab.head(target.lm_head.weight)  # [M, H]
-    losses: list[float] = []
-    t0 = time.monotonic()
-    adapter.train()
-    while step < steps:
-        progress = step / steps
-        if max_seconds:
-            progress = max(progress, (time.monotonic() - t0) / max_seconds)
-        for group in opt.param_groups:
-            group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-        idx = torch.randint(0, n, (batch_tokens,), generator=gen)
-        h = train["hidden"][idx].float().to(target.device)  # [b, H]
-        prev = train["prev"][idx].float().to(target.device) if adapter.context else None  # [b, H]
+    device = target.device
+
+    def step_loss(step: int) -> tuple[Tensor, dict[str, float]]:
+        gen = step_generator(seed, step)
+        idx = torch.randint(0, n, (batch_tokens,), generator=gen)  # [b]
+        h = train_data["hidden"][idx].float().to(device)  # [b, H]
+        prev = train_data["prev"][idx].float().to(device) if adapter.context else None  # [b, H]
         if prev is not None and chain_prob > 0:
             before = (idx - 1).clamp(min=0)  # same block wherever prev is non-zero (not a block start)
             with torch.no_grad():
-                own = exit_hidden(target, train["hidden"][before].float().to(target.device), adapter,
-                                  train["prev"][before].float().to(target.device))  # [b, H]
-            use = (torch.rand(idx.shape[0], generator=gen) < chain_prob).to(target.device)
+                own = exit_hidden(target, train_data["hidden"][before].float().to(device), adapter,
+                                  train_data["prev"][before].float().to(device))  # [b, H]
+            use = (torch.rand(idx.shape[0], generator=gen) < chain_prob).to(device)  # [b]
             use &= (prev != 0).any(-1)
             prev = torch.where(use[:, None], own, prev)
-        ids = train["top_ids"][idx].long().to(target.device)  # [b, k]
+        ids = train_data["top_ids"][idx].long().to(device)  # [b, k]
         if vocab is not None:
             ids = vocab.to_subset(ids)  # -1 outside the subset
-        loss = distill_loss(exit_logits(target, h, adapter, head, prev=prev), train["top_logits"][idx].to(target.device), ids)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        step += 1
-        losses.append(float(loss.detach()))
-        if step % log_every == 0:
-            log.info("step %d/%d loss %.4f (%.0f s)", step, steps, sum(losses[-log_every:]) / log_every,
-                     time.monotonic() - t0)
-        out_of_time = max_seconds is not None and time.monotonic() - t0 > max_seconds
-        if checkpoint is not None and (step % checkpoint_every == 0 or step == steps or out_of_time):
-            tmp = checkpoint.with_suffix(".tmp")
-            torch.save({"adapter": adapter.state_dict(), "optimizer": opt.state_dict(), "step": step}, tmp)
-            tmp.rename(checkpoint)
-        if out_of_time:
-            log.info("time budget reached at step %d", step)
-            break
-    adapter.eval()
-    return losses
+        logits = exit_logits(target, h, adapter, head, prev=prev)  # [b, V or M]
+        return distill_loss(logits, train_data["top_logits"][idx].to(device), ids), {}
+
+    return train(adapter, step_loss, settings, name="early-exit adapter", checkpoint=checkpoint,
+                 evaluate=evaluate, log=log)
+
+
+def losses(run: TrainLog) -> list[float]:
+    """The training loss of every step of a run (across resumes)."""
+    return [row["loss"] for row in run.history if "loss" in row]
 
 
 def load_blocks(tokenizer: object, split: str, max_tokens: int, sources: list[str], block_size: int) -> Tensor:
@@ -252,14 +228,14 @@ def cached_top_k(out_dir: Path, n_blocks: int, block_size: int, shard_blocks: in
     return torch.cat(values), torch.cat(ids)
 
 
-def train_sample(train: dict[str, Tensor], tokens: int, block_size: int) -> dict[str, Tensor]:
+def train_sample(train_data: dict[str, Tensor], tokens: int, block_size: int) -> dict[str, Tensor]:
     """About `tokens` cached training tokens as whole blocks spread evenly over the split (whole
     blocks keep `agreement`'s chained score right). Scored next to the held-out sets, the gap
     tells overfitting (more data helps) from underfitting (more steps or width help)."""
-    n_blocks = train["hidden"].shape[0] // block_size
+    n_blocks = train_data["hidden"].shape[0] // block_size
     picks = torch.linspace(0, n_blocks - 1, min(n_blocks, max(1, tokens // block_size))).round().long()  # [b]
     idx = (picks[:, None] * block_size + torch.arange(block_size)).flatten()  # [b * T]
-    return {k: v[idx] for k, v in train.items()}
+    return {k: v[idx] for k, v in train_data.items()}
 
 
 def eval_groups(sources: list[str]) -> list[list[str]]:
@@ -278,47 +254,66 @@ def teacher_cache_dir(cfg) -> Path:  # noqa: ANN001 - an OmegaConf DictConfig
     )
 
 
-def run(cfg) -> dict:  # noqa: ANN001 - an OmegaConf DictConfig
-    """The whole recipe from a config (see conf/train_early_exit.yaml); returns the eval metrics."""
-    from hydra.utils import instantiate
-
-    torch.manual_seed(cfg.seed)
-    target: TargetModel = instantiate(cfg.target)
-    layers = target.num_layers
-    if not 1 <= cfg.exit_layer < layers:
-        raise ValueError(f"exit_layer must be in [1, {layers - 1}] for this target, got {cfg.exit_layer}.")
-    cache_root = teacher_cache_dir(cfg)
-    context = bool(cfg.adapter.context)
-    train_blocks = load_blocks(target.tokenizer, "train", cfg.train_tokens, list(cfg.sources), cfg.block_size)
-    train = precompute_teacher(target, train_blocks, cfg.exit_layer, cfg.top_k, cache_root / "train", with_prev=context)
+def teacher_sets(cfg, target: TargetModel) -> tuple[dict[str, Tensor], dict[str, dict[str, Tensor]]]:  # noqa: ANN001
+    """The cached teacher data of the training split and of every held-out group (by name)."""
+    cache_root, context = teacher_cache_dir(cfg), bool(cfg.adapter.context)
+    blocks = load_blocks(target.tokenizer, "train", cfg.train_tokens, list(cfg.sources), cfg.block_size)
+    train_data = precompute_teacher(target, blocks, cfg.exit_layer, cfg.top_k, cache_root / "train", with_prev=context)
     groups = eval_groups(list(cfg.sources))
     held_by = {"+".join(g): precompute_teacher(
         target, load_blocks(target.tokenizer, "eval", cfg.eval_tokens, g, cfg.block_size), cfg.exit_layer, cfg.top_k,
         cache_root / ("eval" if len(groups) == 1 else "eval_" + "+".join(g)), with_prev=context) for g in groups}
+    return train_data, held_by
+
+
+def checkpoint_path(cfg, settings: TrainSettings, vocab: PrunedVocab | None) -> Path | None:  # noqa: ANN001
+    """The training checkpoint of this config (None when cfg.checkpoint is off): next to the teacher
+    cache, outside out_dir (the artifact directory holds only the adapter), one per run shape."""
+    if not cfg.checkpoint:
+        return None
+    a = cfg.adapter
+    tag = (f"w{a.width}_b{a.num_blocks}" + ("_ctx" if a.context else "")
+           + (f"_ch{a.chain_prob}" if a.context and a.chain_prob else "") + (f"_do{a.dropout}" if a.dropout else "")
+           + f"_n{int(cfg.train_tokens)}_s{settings.max_steps}_v{vocab.size if vocab else 0}")
+    return teacher_cache_dir(cfg) / f"train_state_{tag}.pt"
+
+
+def new_adapter(cfg, hidden_size: int) -> ExitAdapter:  # noqa: ANN001
+    """The untrained adapter the config describes; its random init is a function of cfg.seed
+    (drawn without touching the process's global random state)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        return ExitAdapter(hidden_size, cfg.adapter.width, cfg.adapter.num_blocks, context=bool(cfg.adapter.context),
+                           dropout=float(cfg.adapter.dropout))
+
+
+def run(cfg) -> dict:  # noqa: ANN001 - an OmegaConf DictConfig
+    """The whole recipe from a config (see conf/train_early_exit.yaml); returns the eval metrics."""
+    from hydra.utils import instantiate
+
+    settings = TrainSettings.from_config(cfg.train)
+    target: TargetModel = instantiate(cfg.target)
+    if not 1 <= cfg.exit_layer < target.num_layers:
+        raise ValueError(f"exit_layer must be in [1, {target.num_layers - 1}] for this target, got {cfg.exit_layer}.")
+    train_data, held_by = teacher_sets(cfg, target)
     held = {k: torch.cat([h[k] for h in held_by.values()]) for k in next(iter(held_by.values()))}
-    vocab = PrunedVocab.load(cfg.draft_vocab) if cfg.draft_vocab else None
+    vocab = resolve_pruned_vocab(cfg.pruned_vocab, None, target.vocab_size)
     before = agreement(target, None, held, vocab=vocab)
     log.info("untrained exit after layer %d: %s", cfg.exit_layer, before)
 
-    dropout = float(cfg.adapter.dropout)
-    adapter = ExitAdapter(target.hidden_size, cfg.adapter.width, cfg.adapter.num_blocks, context=context, dropout=dropout)
-    ckpt = None
-    if cfg.checkpoint:  # outside out_dir: the artifact directory holds only the adapter; one per data size too
-        tag = (f"w{cfg.adapter.width}_b{cfg.adapter.num_blocks}" + ("_ctx" if context else "")
-               + (f"_ch{cfg.adapter.chain_prob}" if context and cfg.adapter.chain_prob else "")
-               + (f"_do{dropout}" if dropout else "") + f"_n{int(cfg.train_tokens)}_s{cfg.steps}_v{vocab.size if vocab else 0}")
-        ckpt = cache_root / f"checkpoint_{tag}.pt"
-    losses = train_adapter(target, adapter, train, cfg.steps, cfg.batch_tokens, cfg.lr, cfg.seed,
-                           max_seconds=60 * cfg.train_minutes if cfg.train_minutes else None,
-                           checkpoint=ckpt, log_every=cfg.log_every, vocab=vocab,
-                           chain_prob=float(cfg.adapter.chain_prob) if context else 0.0)
-    after = agreement(target, adapter, held, vocab=vocab)
+    adapter = new_adapter(cfg, target.hidden_size)
+    chain_prob = float(cfg.adapter.chain_prob) if adapter.context else 0.0
+    trained = train_adapter(target, adapter, train_data, settings, int(cfg.batch_tokens), seed=int(cfg.seed),
+                            vocab=vocab, chain_prob=chain_prob, checkpoint=checkpoint_path(cfg, settings, vocab),
+                            evaluate=lambda step: agreement(target, adapter, held, vocab=vocab))
+    after = trained.evals[-1]["eval"]  # the skeleton evaluates after the last step
     log.info("trained exit after layer %d: %s", cfg.exit_layer, after)
-    seen = agreement(target, adapter, train_sample(train, after["tokens"], cfg.block_size), vocab=vocab)
+    seen = agreement(target, adapter, train_sample(train_data, after["tokens"], cfg.block_size), vocab=vocab)
     log.info("the same on training tokens: %s", seen)
+    curve = losses(trained)
     metrics = {"untrained": before, "trained": after, "train_sample": seen,
                "trained_full_vocab": agreement(target, adapter, held) if vocab is not None else after,
-               "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None}
+               "first_loss": curve[0] if curve else None, "last_loss": curve[-1] if curve else None}
     if len(held_by) > 1:
         metrics["by_source"] = {name: {"untrained": agreement(target, None, h, vocab=vocab),
                                        "trained": agreement(target, adapter, h, vocab=vocab)}
@@ -326,9 +321,9 @@ def run(cfg) -> dict:  # noqa: ANN001 - an OmegaConf DictConfig
         log.info("per held-out source: %s", metrics["by_source"])
     meta = {"exit_layer": int(cfg.exit_layer), "target": str(cfg.target.get("name_or_path", "")),
             "command": "specdraft-train-early-exit " + " ".join(sys.argv[1:]),
-            "train_tokens": int(train["hidden"].shape[0]), "eval": metrics,
-            "steps": int(cfg.steps), "steps_run": len(losses),  # fewer when train_minutes ran out first (this invocation)
-            "batch_tokens": int(cfg.batch_tokens), "lr": float(cfg.lr)}
+            "train_tokens": int(train_data["hidden"].shape[0]), "eval": metrics,
+            "steps_run": trained.step, "stopped_by_budget": trained.stopped_by_budget,  # train.max_minutes ran out
+            "batch_tokens": int(cfg.batch_tokens), "train": dataclasses.asdict(settings)}
     save_adapter(adapter, cfg.out_dir, meta)
     if vocab is not None:
         vocab.save(Path(cfg.out_dir) / VOCAB_FILE)
@@ -337,7 +332,7 @@ def run(cfg) -> dict:  # noqa: ANN001 - an OmegaConf DictConfig
 
 
 def main() -> None:
-    """Hydra entry point: `specdraft-train-early-exit exit_layer=6 train_minutes=60`."""
+    """Hydra entry point: `specdraft-train-early-exit exit_layer=6 train.max_minutes=60`."""
     import hydra
 
     @hydra.main(version_base="1.3", config_path="pkg://conf", config_name="train_early_exit")

@@ -3,7 +3,7 @@
 The LoRA deltas are merged into full per-head projections (W + (alpha/r) B A), because neither
 engine knows about a shared lm_head plus low-rank deltas.
 
---format vllm (default): a directory vLLM's Medusa speculative model loads:
+format=vllm (default): a directory vLLM's Medusa speculative model loads:
     config.json        model_type "medusa", architectures ["MedusaModel"], hidden_size,
                        vocab_size, num_heads, num_hidden_layers (ResBlocks per head), max_paths,
                        topk, truncated_vocab_size, original_lm_head, medusa_fc_bias
@@ -14,26 +14,29 @@ engine knows about a shared lm_head plus low-rank deltas.
   vllm/transformers_utils/configs/medusa.py (MedusaConfig); checked against stored copies of
   both files on 2026-11-30 (vLLM strips a "medusa_heads." prefix, reads lm_heads.0 as the shared
   head only when original_lm_head is true, and sizes the heads by truncated_vocab_size).
---format medusa: the FasterDecoding/Medusa head file medusa_lm_head.safetensors with keys
+format=medusa: the FasterDecoding/Medusa head file medusa_lm_head.safetensors with keys
     {i}.{j}.linear.weight / .bias and {i}.{num_layers}.weight (the state dict of its
     `medusa_head` ModuleList of nn.Sequential(ResBlock..., Linear(bias=False))), plus a
     config.json with medusa_num_heads / medusa_num_layers / base_model_name_or_path (its
     MedusaConfig; from_pretrained loads the base model from that name).
 
-    specdraft-export-medusa --format vllm --heads smollm2-135m --out outputs/medusa_vllm
+    specdraft-export-medusa format=vllm heads=smollm2-135m out_dir=outputs/medusa_vllm   (conf/export_medusa.yaml)
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 from pathlib import Path
 
+import hydra
 import torch
+from omegaconf import DictConfig
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from drafters.medusa import CompiledHeads, load_heads
+from drafters.medusa_forms import CompiledHeads
+from specdraft.formats.medusa_heads import load_heads, resolve_heads_dir
 
 FORMATS = ("vllm", "medusa")
 HUB_IDS = {"smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct"}  # aliases -> the base model's hub id
@@ -116,26 +119,34 @@ def export(model: nn.Module, out_dir: str | Path, fmt: str = "vllm",
     return out
 
 
-def main() -> None:
-    """`specdraft-export-medusa --format vllm --heads DIR|ALIAS --out DIR`."""
-    ap = argparse.ArgumentParser(description="Export Medusa heads to vLLM / FasterDecoding layout.")
-    ap.add_argument("--format", choices=FORMATS, default="vllm")
-    ap.add_argument("--heads", default="smollm2-135m", help="adapter directory or target alias")
-    ap.add_argument("--target", default="smollm2-135m", help="the target whose lm_head the heads use")
-    ap.add_argument("--out", required=True, help="output directory")
-    ap.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
-    args = ap.parse_args()
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def export_from_config(cfg: DictConfig) -> Path:
+    """Load the heads named by cfg onto cfg.target's embeddings and export them (conf/export_medusa.yaml)."""
     from specdraft.models import load_model
 
+    if cfg.dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {cfg.dtype!r}.")
+    if cfg.format not in FORMATS:  # before loading the target
+        raise ValueError(f"format must be one of {FORMATS}, got {cfg.format!r}.")
+    heads = resolve_heads_dir(cfg.heads)  # before loading the target
+    source = load_model(cfg.target, device="cpu")
+    model = load_heads(heads, source.get_output_embeddings().weight, source.get_input_embeddings().weight)
+    base = HUB_IDS.get(cfg.target, cfg.target)
+    return export(model, cfg.out_dir, cfg.format, getattr(torch, cfg.dtype), topk=cfg.topk,
+                  max_paths=cfg.max_paths, base_model=base)
+
+
+@hydra.main(version_base="1.3", config_path="pkg://conf", config_name="export_medusa")
+def main(cfg: DictConfig) -> None:
+    """`specdraft-export-medusa format=vllm heads=DIR|ALIAS out_dir=DIR`."""
     try:
-        source = load_model(args.target, device="cpu")
-        model = load_heads(args.heads, source.get_output_embeddings().weight,
-                           source.get_input_embeddings().weight)
-        base = HUB_IDS.get(args.target, args.target)
-        path = export(model, args.out, args.format, getattr(torch, args.dtype), base_model=base)
-    except ValueError as err:  # bad heads/target: the message names the problem and the fix
-        ap.exit(2, f"specdraft-export-medusa: error: {err}\n")
-    print(f"wrote {args.format} Medusa heads to {path}")
+        path = export_from_config(cfg)
+    except ValueError as err:  # bad heads/target/format: the message names the problem and the fix
+        print(f"specdraft-export-medusa: error: {err}", file=sys.stderr)
+        sys.exit(2)
+    print(f"wrote {cfg.format} Medusa heads to {path}")
 
 
 if __name__ == "__main__":

@@ -8,16 +8,19 @@ choice two-plus-k positions ahead, a_{t+k+1} (h_t itself produced x_{t+1}):
     loss = sum_k decay^k * CE(head_k(h_t), a_{t+k+1})            (loss=ce, default)
     loss = sum_k decay^k * KL(softmax(lm_head(h_{t+k+1})) || head_k(h_t))   (loss=kl)
 
-recurrent=true trains Hydra-style heads (drafters/medusa.py): head k also reads the tokens before
+recurrent=true trains Hydra-style heads (specdraft.formats.medusa_heads): head k also reads the tokens before
 it, teacher-forced with the sequence's own tokens y_k = x_{t+k+1} (on the target's greedy
 generations these are its choices a_{t+k}, exactly what an accepted draft prefix holds).
 
 Data: the target's own greedy generations (`specdraft.train.selfgen`, completion positions only) and
 blocks of the offline stdlib corpus; each has a held-out split on which per-head top-1 / top-5
 agreement with the target is reported. PEFT: `modules_to_save` for the blocks, LoRA for the shared
-projections (drafters/medusa.py). Seeded; checkpoints every few steps and resumes; a tqdm bar shows
-every head's loss. Output: a PEFT adapter directory + medusa_config.json + provenance.json (how it
-was made) + accuracy.json (per-head top-k accuracies, which choose the candidate tree).
+projections (`lora_config`). The steps run through the one training skeleton
+(`specdraft.train.loop.train`: schedule, time budget `train.max_minutes`, resumable checkpoint,
+progress bar); each step's batch is drawn from the step number alone, so a resumed run sees the
+batches an uninterrupted one would. Output (`specdraft.formats.medusa_heads`): a PEFT adapter
+directory + medusa_config.json + provenance.json (how it was made) + accuracy.json (per-head top-k
+accuracies, which choose the candidate tree) + pruned_vocab.json.
 
     specdraft-train-medusa                      # the shipped heads (see conf/train_medusa.yaml)
     specdraft-train-medusa stage=precompute     # only fill the hidden-state cache
@@ -25,25 +28,27 @@ was made) + accuracy.json (per-head top-k accuracies, which choose the candidate
 
 from __future__ import annotations
 
-import json
-import math
 import random
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import hydra
 import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
-from torch import Tensor
+from torch import Tensor, nn
 from tqdm import tqdm
 
-from drafters.medusa import VOCAB_FILE, CompiledHeads, MedusaHeads, build_peft_heads, save_heads
+from drafters.medusa_forms import CompiledHeads
+from specdraft.formats.medusa_heads import MedusaHeads, save_accuracy, save_heads
 from specdraft.target import TargetModel
-from specdraft.vocab import build_pruned_vocab
+from specdraft.train.loop import TrainLog, TrainSettings
+from specdraft.train.loop import train as train_loop
+from specdraft.vocab import VOCAB_FILE, PrunedVocab, build_pruned_vocab
 
 TOPK_STATS = 10  # accuracy of each head's rank-0..9 candidates (chooses the tree)
 
@@ -157,7 +162,7 @@ def _states(target: TargetModel, shard: list[tuple[Tensor, int]]) -> dict[str, T
 
 
 def stdlib_sequences(tokenizer: object, split: str, tokens: int, block_size: int) -> list[tuple[Tensor, int]]:
-    """Blocks of the stdlib corpus (DESIGN §7) as (ids, 0)."""
+    """Blocks of the stdlib corpus (`specdraft.data`) as (ids, 0)."""
     from specdraft.data import corpus_documents, token_blocks
 
     docs = corpus_documents(split, sources=("stdlib",))
@@ -181,11 +186,61 @@ def selfgen_sequences(split: str, path: str | None, max_tokens: int) -> list[tup
     return out
 
 
+# ------------------------------------------------------------------------------- PEFT setup
+def lora_config(
+    num_heads: int, num_layers: int, rank: int, alpha: float, full_projection: bool,
+    recurrent: bool = False,
+):  # noqa: ANN201
+    """The PEFT LoraConfig for Medusa heads: every head's blocks (and recurrent input blocks) fully
+    trained (`modules_to_save`), LoRA (rank `rank`) on the shared projections; with full_projection
+    the projections are trained whole (`modules_to_save`) and the LoRA sits on the blocks instead."""
+    from peft import LoraConfig
+
+    if rank < 1:
+        raise ValueError(f"lora_rank must be >= 1, got {rank}.")
+    heads = range(num_heads)
+    if recurrent:
+        if full_projection:
+            raise ValueError("recurrent heads share the target's projection: set full_projection=false.")
+        names = [f"lm_heads.{k}" for k in heads]
+        saved = [f"blocks.{k}" for k in heads if num_layers > 0] + [f"inputs.{k}" for k in heads]
+        return LoraConfig(r=rank, lora_alpha=alpha, target_modules=names, modules_to_save=saved)
+    if full_projection:
+        # PEFT needs a LoRA target: the blocks get LoRA, the whole projections are trained.
+        blocks = [f"blocks.{k}.{j}.linear" for k in heads for j in range(num_layers)]
+        if not blocks:
+            raise ValueError("full_projection needs num_layers >= 1 (the blocks carry the LoRA).")
+        saved = [f"lm_heads.{k}" for k in heads]
+        return LoraConfig(r=rank, lora_alpha=alpha, target_modules=blocks, modules_to_save=saved)
+    names = [f"lm_heads.{k}" for k in heads]
+    saved = [f"blocks.{k}" for k in heads]
+    return LoraConfig(r=rank, lora_alpha=alpha, target_modules=names, modules_to_save=saved)
+
+
+def build_peft_heads(heads: MedusaHeads, rank: int = 8, alpha: float = 16.0):  # noqa: ANN201
+    """Wrap heads in a PEFT model ready to train (target weights frozen)."""
+    from peft import get_peft_model
+
+    for p in heads.parameters():
+        p.requires_grad_(False)
+    cfg = lora_config(heads.num_heads, heads.num_layers, rank, alpha, heads.full_projection,
+                      heads.recurrent)
+    return get_peft_model(heads, cfg)
+
+
 # ------------------------------------------------------------------------------- training
+def labels_on(vocab: PrunedVocab | None, labels: Tensor) -> Tensor:
+    """Target-id labels [...] (-1 = none) -> column indices of the heads' logits: indices into the
+    pruned vocabulary, -1 where the label is -1 or outside it (ignored by the loss)."""
+    if vocab is None:
+        return labels
+    return torch.where(labels >= 0, vocab.to_subset(labels.clamp_min(0)), torch.full_like(labels, -1))
+
+
 def head_losses(heads: CompiledHeads, data: HiddenSet, idx: Tensor, loss: str) -> Tensor:
-    """Per-head mean loss [K] on positions idx [M] (over heads.rows when the vocab is pruned)."""
+    """Per-head mean loss [K] on positions idx [M] (over heads.vocab when the vocab is pruned)."""
     num_heads = len(heads.blocks)
-    labels = _subset(data.labels(idx, num_heads), heads.rows)  # [M, K]
+    labels = labels_on(heads.vocab, data.labels(idx, num_heads))  # [M, K]
     tokens = data.path_tokens(idx, num_heads) if heads.recurrent else None  # [M, K]
     logits = heads(data.hidden[idx], tokens)  # [M, K, V']
     out = []
@@ -195,33 +250,23 @@ def head_losses(heads: CompiledHeads, data: HiddenSet, idx: Tensor, loss: str) -
             out.append(F.cross_entropy(lk, labels[:, k], ignore_index=-1))
             continue
         valid = data.labels(idx, num_heads)[:, k] >= 0
-        with torch.no_grad():  # teacher: the target's own distribution at t+k+1 (on the rows)
+        with torch.no_grad():  # teacher: the target's own distribution at t+k+1 (on the pruned vocabulary)
             w = heads.weights[0].detach()
-            w = w if heads.rows is None else w[heads.rows]
+            w = w if heads.vocab is None else heads.vocab.head(w)
             teacher = F.log_softmax(F.linear(data.hidden[idx[valid] + k + 1], w).float(), dim=-1)
         student = F.log_softmax(lk[valid], dim=-1)
         out.append(F.kl_div(student, teacher, log_target=True, reduction="batchmean"))
     return torch.stack(out)
 
 
-def _subset(labels: Tensor, rows: Tensor | None) -> Tensor:
-    """Target ids [..] -> index into rows (-1 outside or where the label is -1)."""
-    if rows is None:
-        return labels
-    index_of = torch.full((int(rows.max()) + 2,), -1, dtype=torch.long)
-    index_of[rows] = torch.arange(len(rows))
-    return torch.where((labels >= 0) & (labels < len(index_of) - 1),
-                       index_of[labels.clamp(0, len(index_of) - 2)], torch.full_like(labels, -1))
-
-
 @torch.inference_mode()
 def evaluate(model: torch.nn.Module, data: HiddenSet, num_heads: int, max_positions: int,
-             rows: Tensor | None = None, batch: int = 256) -> dict[str, list[float]]:
+             vocab: PrunedVocab | None = None, batch: int = 256) -> dict[str, list[float]]:
     """Per-head agreement with the target: top-1, top-5 and the accuracy of each rank 0..9.
 
-    rows: the pruned vocabulary the heads project onto (a target token outside it is a miss).
+    vocab: the pruned vocabulary the heads project onto (a target token outside it is a miss).
     """
-    heads = CompiledHeads(model, rows)
+    heads = CompiledHeads(model, vocab)
     heads.truncate(num_heads)
     idx = data.inputs(num_heads)[:max_positions]
     hits = torch.zeros(num_heads, TOPK_STATS)
@@ -230,7 +275,7 @@ def evaluate(model: torch.nn.Module, data: HiddenSet, num_heads: int, max_positi
     for s in range(0, len(idx), batch):
         b = idx[s : s + batch]
         target_ids = data.labels(b, num_heads)  # [M, K]
-        labels = _subset(target_ids, rows)
+        labels = labels_on(vocab, target_ids)
         tokens = data.path_tokens(b, num_heads) if heads.recurrent else None  # [M, K]
         top = heads(data.hidden[b], tokens).topk(TOPK_STATS, dim=-1).indices  # [M, K, 10]
         match = (top == labels[..., None]) & (labels[..., None] >= 0)  # [M, K, 10]
@@ -248,83 +293,65 @@ def evaluate(model: torch.nn.Module, data: HiddenSet, num_heads: int, max_positi
     }
 
 
-def _trainable_state(model: torch.nn.Module) -> dict[str, Tensor]:
-    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+def batch_positions(inputs: Tensor, step: int, batch_size: int, seed: int) -> Tensor:
+    """The training positions [batch_size] of `step`: a draw from a generator seeded by the seed and
+    the step alone, so a resumed run sees the batches an uninterrupted run would."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    return inputs[torch.randint(len(inputs), (batch_size,), generator=gen)]
 
 
-def train(cfg: DictConfig, target: TargetModel, train_set: HiddenSet,
-          eval_sets: dict[str, HiddenSet], ckpt_path: Path,
-          rows: Tensor | None = None) -> tuple[torch.nn.Module, dict]:
-    """Train heads (resumable from ckpt_path); returns the PEFT model and a log of what happened.
-
-    rows: pruned vocabulary [M] the heads project onto (None = the whole vocabulary).
-    """
-    torch.manual_seed(cfg.seed)
+def build_heads(cfg: DictConfig, target: TargetModel) -> nn.Module:
+    """Fresh PEFT-wrapped heads on the target's lm_head (and input embedding, recurrent heads)."""
+    torch.manual_seed(cfg.seed)  # the LoRA A factors' initialisation
     recurrent = bool(cfg.get("recurrent", False))
     embed = target.model.get_input_embeddings().weight if recurrent else None
     heads = MedusaHeads(target.lm_head.weight, cfg.num_heads, cfg.num_layers, cfg.full_projection,
                         recurrent=recurrent, embed_weight=embed)
-    model = build_peft_heads(heads, cfg.lora_rank, cfg.lora_alpha)
-    fast = CompiledHeads(model, rows)  # the same parameters, projected onto `rows` only
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
-    step, elapsed, history = 0, 0.0, []
-    if cfg.resume and ckpt_path.is_file():
-        ck = torch.load(ckpt_path)
-        model.load_state_dict(ck["params"], strict=False)
-        opt.load_state_dict(ck["opt"])
-        step, elapsed, history = ck["step"], ck["elapsed"], ck["history"]
-        print(f"[medusa] resumed at step {step} ({elapsed:.0f} s trained)", flush=True)
+    return build_peft_heads(heads, cfg.lora_rank, cfg.lora_alpha)
+
+
+def train(cfg: DictConfig, target: TargetModel, train_set: HiddenSet,
+          eval_sets: dict[str, HiddenSet], ckpt_path: Path | None,
+          vocab: PrunedVocab | None = None) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """Train heads through `specdraft.train.loop.train` (resumable from ckpt_path unless
+    cfg.resume is false); returns the PEFT model and a log of what happened.
+
+    vocab: the pruned vocabulary the heads project onto (None = the whole vocabulary).
+    """
+    settings = TrainSettings.from_config(cfg.train)
+    model = build_heads(cfg, target)
+    fast = CompiledHeads(model, vocab)  # the same parameters, projected onto the pruned vocabulary only
+    if ckpt_path is not None and not cfg.resume:
+        Path(ckpt_path).unlink(missing_ok=True)  # start over (and checkpoint anew)
     inputs = train_set.inputs(cfg.num_heads)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    for _ in range(step):  # replay the sampler so a resumed run sees the same batches
-        torch.randint(len(inputs), (cfg.train.batch_size,), generator=gen)
-    weights = torch.tensor([cfg.train.decay**k for k in range(cfg.num_heads)])
-    total = cfg.train.max_steps
-    bar = tqdm(total=total, initial=step, desc="medusa", file=sys.stdout, mininterval=5)
-    model.train()
-    t0 = time.perf_counter() - elapsed
-    while step < total and time.perf_counter() - t0 < cfg.train.max_seconds:
-        idx = inputs[torch.randint(len(inputs), (cfg.train.batch_size,), generator=gen)]
-        # linear warmup, then cosine decay to 10% over the run (steps or seconds, whichever ends first)
-        progress = max(step / total, (time.perf_counter() - t0) / cfg.train.max_seconds)
-        decay = 0.1 + 0.45 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
-        lr = cfg.train.lr * min(1.0, (step + 1) / cfg.train.warmup_steps) * decay
-        for g in opt.param_groups:
-            g["lr"] = lr
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool(cfg.train.bf16)):
-            losses = head_losses(fast, train_set, idx, cfg.train.loss)
-        loss = (weights * losses).sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        step += 1
-        bar.update(1)
-        bar.set_postfix({f"h{k + 1}": f"{v:.2f}" for k, v in enumerate(losses.tolist())})
-        history.append([step] + [round(v, 4) for v in losses.tolist()])
-        if step % cfg.train.checkpoint_every == 0:
-            ck = {"params": _trainable_state(model), "opt": opt.state_dict(), "step": step,
-                  "elapsed": time.perf_counter() - t0, "history": history}
-            torch.save(ck, ckpt_path)
-        if cfg.train.eval_every and step % cfg.train.eval_every == 0:
-            model.eval()
-            for name, ds in eval_sets.items():
-                acc = evaluate(model, ds, cfg.num_heads, cfg.train.eval_positions // 4, rows)
-                print(f"\n[medusa] step {step} {name} top1 {_fmt(acc['top1'])} top5 {_fmt(acc['top5'])}",
-                      flush=True)
-            model.train()
-    bar.close()
+    objective = cfg.heads_loss
+    weights = torch.tensor([objective.decay**k for k in range(cfg.num_heads)])
+
+    def step_loss(step: int) -> tuple[Tensor, Mapping[str, float]]:
+        idx = batch_positions(inputs, step, cfg.batch_size, cfg.seed)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool(cfg.bf16)):
+            losses = head_losses(fast, train_set, idx, objective.loss)
+        return (weights * losses).sum(), {f"h{k + 1}": round(v, 4) for k, v in enumerate(losses.tolist())}
+
+    def evaluate_sets(step: int) -> dict[str, Any]:  # a quarter of the final evaluation's positions
+        accs = {name: evaluate(model, ds, cfg.num_heads, cfg.eval_positions // 4, vocab)
+                for name, ds in eval_sets.items()}
+        return {name: {k: [round(x, 4) for x in acc[k]] for k in ("top1", "top5")} for name, acc in accs.items()}
+
+    run = train_loop(model, step_loss, settings, name="medusa", checkpoint=ckpt_path,
+                     evaluate=evaluate_sets if eval_sets else None)
     model.eval()
-    log = {"steps": step, "train_seconds": round(time.perf_counter() - t0, 1),
-           "loss_history_every_50": history[::50] + history[-1:]}
-    return model, log
+    return model, train_log(run, cfg.num_heads)
 
 
-def accuracy_file(results: dict[str, dict]) -> dict:
-    """accuracy.json: per held-out set, each head's rank-0..9 accuracy and the per-position label
-    ranks (their joint distribution chooses the candidate tree, specdraft.tree.choose_tree)."""
-    return {"rank_accuracy": {n: r["rank_accuracy"] for n, r in results.items()},
-            "label_ranks": {n: r["label_ranks"] for n, r in results.items()}}
+def train_log(run: TrainLog, num_heads: int) -> dict[str, Any]:
+    """The training part of provenance.json: steps, seconds, and every 50th row of per-head losses
+    ([step, head 1 loss, ..., head K loss])."""
+    history = [[row["step"]] + [row[f"h{k + 1}"] for k in range(num_heads)]
+               for row in run.history if "loss" in row]
+    return {"steps": run.step, "train_seconds": round(run.elapsed_s, 1),
+            "stopped_by_budget": run.stopped_by_budget,
+            "loss_history_every_50": history[::50] + history[-1:]}
 
 
 def _fmt(xs: list[float]) -> str:
@@ -384,10 +411,8 @@ def run(cfg: DictConfig, target: TargetModel) -> dict:
         vocab = build_pruned_vocab(train_set.choice, cfg.pruned_vocab, target.vocab_size,
                                    always_include=target.eos_token_ids)
         vocab.save(out_dir / VOCAB_FILE)
-    rows = None if vocab is None else vocab.ids
-    ckpt = Path(cfg.checkpoint)
-    model, log = train(cfg, target, train_set, evals, ckpt, rows)
-    results = {name: evaluate(model, ds, cfg.num_heads, cfg.train.eval_positions, rows)
+    model, log = train(cfg, target, train_set, evals, Path(cfg.checkpoint), vocab)
+    results = {name: evaluate(model, ds, cfg.num_heads, cfg.eval_positions, vocab)
                for name, ds in evals.items()}
     if vocab is not None:
         log["pruned_vocab_coverage"] = {name: vocab.coverage(ds.choice) for name, ds in evals.items()}
@@ -402,7 +427,7 @@ def run(cfg: DictConfig, target: TargetModel) -> dict:
         **log,
     }
     save_heads(model, out_dir, provenance, dtype=getattr(torch, cfg.get("save_dtype", "float32")))
-    (out_dir / "accuracy.json").write_text(json.dumps(accuracy_file(results)) + "\n")
+    save_accuracy(out_dir, results)
     print(f"[medusa] saved {out_dir}", flush=True)
     return results
 

@@ -2,8 +2,8 @@
 
 A draft imitates the target best on text the target itself would write: its own generations are far
 more predictable than human text (stdlib source), and they look like what the drafter meets at
-inference (chat answers). Prompts are built from offline text only (the `pydoc_data` reference
-topics and standard-library docstrings): "Explain ...", "Summarise ...", "Write a function that ...".
+inference (chat answers). The prompts (`specdraft.train.selfgen_prompts`) are built from offline
+text only: "Explain ...", "Summarise ...", "Write a function that ...", templated chat requests.
 
 Output, reusable by every recipe (draft model, Medusa heads, early-exit adapter):
   <out_dir>/selfgen.jsonl   one line per prompt: {"id", "split", "kind", "prompt", "prompt_ids",
@@ -14,116 +14,30 @@ Output, reusable by every recipe (draft model, Medusa heads, early-exit adapter)
 Generation is batched (Hugging Face `generate`, left padding; batch 16-32 is far faster per token
 than batch 1 on CPU) and resumable: prompts already in the JSONL are skipped.
 
-    python -m specdraft.train.selfgen --num-prompts 1200 --batch-size 24 --max-new-tokens 160
+    specdraft-selfgen num_prompts=1200 batch_size=24 max_new_tokens=160   (conf/selfgen.yaml)
+    python -m specdraft.train.selfgen "kinds=[math,code_edit]" cache_dir=outputs/selfgen_topk
 """
 
 from __future__ import annotations
 
-import argparse
-import ast
-import hashlib
 import json
-import random
-import sysconfig
 import time
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
+import hydra
 import torch
+from omegaconf import DictConfig
 from torch import Tensor
 from transformers import LogitsProcessor, LogitsProcessorList
 
-ARTIFACT_DIR = Path(__file__).resolve().parent.parent / "artifacts" / "smollm2-135m" / "selfgen"
+from specdraft.models import load_target, load_tokenizer
+from specdraft.shipped import ARTIFACTS_DIR
+from specdraft.train.selfgen_prompts import Prompt, build_prompts, extra_prompts_for, followup_prompts
+
+SELFGEN_DIR = ARTIFACTS_DIR / "smollm2-135m" / "selfgen"  # the shipped answers of smollm2-135m
 SELFGEN_FILE = "selfgen.jsonl"
 SPLITS = ("train", "eval")
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """One chat-like request built from offline text."""
-
-    id: str
-    kind: str  # explain | summarise | function | module | qa, and selfgen_prompts' kinds
-    text: str  # the (last) user message
-    history: tuple[tuple[str, str], ...] = ()  # earlier (role, content) turns, oldest first
-
-    def chat(self) -> list[dict[str, str]]:
-        """The conversation as chat-template messages, ending with this prompt's user turn."""
-        return [{"role": r, "content": c} for r, c in self.history] + [{"role": "user", "content": self.text}]
-
-    @property
-    def split(self) -> str:
-        """Stable train/eval split by hash of the id (eval ~ 8%)."""
-        h = int.from_bytes(hashlib.sha1(self.id.encode()).digest()[:4], "big") / 2**32
-        return "eval" if h < 0.08 else "train"
-
-
-# ------------------------------------------------------------------------------------ prompts
-def _first_sentence(doc: str, max_chars: int = 160) -> str:
-    line = " ".join(doc.strip().split("\n\n")[0].split())
-    sent = line.split(". ")[0].rstrip(".")
-    return sent[:max_chars]
-
-
-def stdlib_files() -> list[Path]:
-    """The standard library's top-level modules (*.py), sorted by name."""
-    return sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
-
-
-def parsed_modules(paths: Iterable[Path]) -> Iterator[tuple[Path, str, ast.Module]]:
-    """(path, source, syntax tree) of every file that reads and parses (others are skipped)."""
-    for path in paths:
-        try:
-            text = path.read_text(encoding="utf-8")
-            yield path, text, ast.parse(text)
-        except (SyntaxError, UnicodeDecodeError, OSError):
-            continue
-
-
-def _stdlib_docstrings(max_files: int = 400) -> Iterator[tuple[str, str, str]]:
-    """(module, function name, first docstring sentence) for public stdlib functions."""
-    files = [p for p in stdlib_files() if not p.name.startswith("_")][:max_files]
-    for path, _, tree in parsed_modules(files):
-        mod_doc = ast.get_docstring(tree)
-        if mod_doc:
-            yield path.stem, "", _first_sentence(mod_doc)
-        for node in tree.body:
-            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
-                doc = ast.get_docstring(node)
-                if doc and len(doc) > 20:
-                    yield path.stem, node.name, _first_sentence(doc)
-
-
-def build_prompts(num_prompts: int, seed: int = 0) -> list[Prompt]:
-    """A shuffled mix of chat/QA requests built from pydoc topics and stdlib docstrings."""
-    from pydoc_data.topics import topics
-
-    prompts: list[Prompt] = []
-    for key in sorted(topics):
-        title = key.replace("-", " ")
-        body = " ".join(topics[key].split())
-        prompts.append(Prompt(f"explain/{key}", "explain", f"Explain {title} in Python."))
-        prompts.append(Prompt(f"qa/{key}", "qa", f"What is {title} in Python, and when would I use it?"))
-        prompts.append(
-            Prompt(f"summarise/{key}", "summarise", f"Summarise this in two sentences:\n\n{body[:500]}")
-        )
-    for mod, name, sentence in _stdlib_docstrings():
-        if not name:
-            prompts.append(Prompt(f"module/{mod}", "module", f"What is the Python module {mod} for?"))
-            continue
-        lowered = sentence[:1].lower() + sentence[1:]
-        prompts.append(
-            Prompt(f"function/{mod}.{name}", "function", f"Write a Python function that does this: {lowered}.")
-        )
-    # shuffle within each kind, then interleave kinds round-robin so that any prefix is balanced
-    by_kind: dict[str, list[Prompt]] = {}
-    for p in prompts:
-        by_kind.setdefault(p.kind, []).append(p)
-    rng = random.Random(seed)
-    queues = [rng.sample(v, len(v)) for _, v in sorted(by_kind.items())]
-    mixed = [q[i] for i in range(max(map(len, queues))) for q in queues if i < len(q)]
-    return mixed[:num_prompts]
 
 
 # ------------------------------------------------------------------------------------ generation
@@ -203,33 +117,30 @@ def generate_batch(
 
 def run_selfgen(
     target_name: str = "smollm2-135m",
-    out_dir: str | Path = ARTIFACT_DIR,
+    out_dir: str | Path = SELFGEN_DIR,
     cache_dir: str | Path | None = None,
     num_prompts: int = 1200,
     batch_size: int = 24,
     max_new_tokens: int = 160,
     top_k: int = 32,
     seed: int = 0,
-    max_seconds: float | None = None,
-    kinds: tuple[str, ...] = (),
+    max_minutes: float | None = None,
+    kinds: Sequence[str] = (),
 ) -> Path:
     """Generate (or resume) the self-distillation JSONL; top-k teacher shards go to cache_dir.
 
     `kinds` empty: the first `num_prompts` of `build_prompts`. Otherwise every templated prompt of
     those kinds (`selfgen_prompts`; "followup" = a next turn after each generated "advice" or "revise"
-    answer, so generate "advice" first), shortest first, so that a batch wastes little padding."""
-    from specdraft.models import load_target
-
+    answer, so generate "advice" first), shortest first, so that a batch wastes little padding.
+    max_minutes: stop after the batch that passes this wall-clock budget (None = none; resumable)."""
     if batch_size < 1 or max_new_tokens < 1:
-        raise ValueError("batch_size and max_new_tokens must be >= 1.")
+        raise ValueError(f"batch_size and max_new_tokens must be >= 1, got {batch_size} and {max_new_tokens}.")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / SELFGEN_FILE
     records = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
     done = {r["id"] for r in records}
     if kinds:
-        from specdraft.train.selfgen_prompts import extra_prompts_for, followup_prompts
-
         pool = extra_prompts_for(kinds, seed)
         if "followup" in kinds:
             pool += followup_prompts(records, seed)
@@ -255,7 +166,7 @@ def run_selfgen(
         tokens += sum(len(r["completion_ids"]) for r in rows)
         rate = tokens / (time.time() - t0)
         print(f"[selfgen] {len(done) + b + len(batch)}/{len(done) + len(todo)} prompts, {tokens} tokens, {rate:.0f} tok/s", flush=True)
-        if max_seconds is not None and time.time() - t0 > max_seconds:
+        if max_minutes is not None and time.time() - t0 > 60 * max_minutes:
             break
     return path
 
@@ -265,11 +176,11 @@ def load_selfgen_records(split: str = "train", path: str | Path | None = None) -
     """The JSONL records of one split ("train" or "eval")."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}.")
-    p = Path(path) if path is not None else ARTIFACT_DIR / SELFGEN_FILE
+    p = Path(path) if path is not None else SELFGEN_DIR / SELFGEN_FILE
     if not p.is_file():
         raise ValueError(
             f"self-distillation data {str(p)!r} does not exist; create it with "
-            "`python -m specdraft.train.selfgen`."
+            "`specdraft-selfgen` (or pass the path of an existing selfgen.jsonl)."
         )
     recs = [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
     return [r for r in recs if r["split"] == split]
@@ -278,8 +189,6 @@ def load_selfgen_records(split: str = "train", path: str | Path | None = None) -
 def load_selfgen_texts(split: str = "train", path: str | Path | None = None) -> list[str]:
     """Prompt + answer texts of one split (chat-formatted as the target saw them), for recipes
     that tokenize text themselves."""
-    from specdraft.models import load_tokenizer
-
     tok = load_tokenizer("smollm2-135m")
     return [tok.decode(r["prompt_ids"] + r["completion_ids"]) for r in load_selfgen_records(split, path)]
 
@@ -292,27 +201,14 @@ def load_selfgen_sequences(split: str = "train", path: str | Path | None = None)
     ]
 
 
-def main() -> None:
-    """`python -m specdraft.train.selfgen`: generate the self-distillation data (resumable)."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--target", default="smollm2-135m")
-    ap.add_argument("--out-dir", default=str(ARTIFACT_DIR))
-    ap.add_argument("--cache-dir", default=None, help="where to save the teacher's top-k logits")
-    ap.add_argument("--num-prompts", type=int, default=1200)
-    ap.add_argument("--batch-size", type=int, default=24)
-    ap.add_argument("--max-new-tokens", type=int, default=160)
-    ap.add_argument("--top-k", type=int, default=32)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--max-seconds", type=float, default=None)
-    ap.add_argument("--kinds", default="", help="comma-separated templated kinds (selfgen_prompts), e.g. "
-                    "general_qa,advice,email,math,code_edit,code_write,docread,revise,followup")
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+@hydra.main(version_base="1.3", config_path="pkg://conf", config_name="selfgen")
+def main(cfg: DictConfig) -> None:
+    """`specdraft-selfgen` / `python -m specdraft.train.selfgen` (Hydra, conf/selfgen.yaml):
+    generate the self-distillation data (resumable)."""
+    torch.set_num_threads(int(cfg.threads))
     run_selfgen(
-        args.target, args.out_dir, args.cache_dir, args.num_prompts, args.batch_size,
-        args.max_new_tokens, args.top_k, args.seed, args.max_seconds,
-        tuple(k for k in args.kinds.split(",") if k),
+        cfg.target, cfg.out_dir or SELFGEN_DIR, cfg.cache_dir, int(cfg.num_prompts), int(cfg.batch_size),
+        int(cfg.max_new_tokens), int(cfg.top_k), int(cfg.seed), cfg.max_minutes, tuple(cfg.kinds or ()),
     )
 
 
