@@ -20,7 +20,6 @@ target's ids only (q is zero outside it, so verification stays exact) to cut the
 from __future__ import annotations
 
 import copy
-import logging
 from pathlib import Path
 from typing import ClassVar
 
@@ -184,8 +183,6 @@ class QuantizedDrafter:
         vocab = resolve_pruned_vocab(self.pruned_vocab_spec, None, target.vocab_size)
         if self.backend == "torch" and target.device.type != "cpu":
             raise ValueError("backend='torch' (dynamic int8) runs on CPU only; use backend='bitsandbytes'.")
-        # bitsandbytes logs on every int8 matmul that float32 inputs are cast to float16 (expected).
-        logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
         self.model = quantized_copy(target.model, self.bits, self.quant_type, self.backend,
                                     self.share_embeddings, self.int8_threshold, self.blocksize)
         self.memory = memory_report(target.model, self.model)

@@ -36,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from specdraft import costs, theory
-from specdraft.build import drafter_config, make_decoder, make_drafter
+from specdraft.build import drafter_config, make_decoder, make_drafter, quiet_known_logs
 from specdraft.decode import SpeculativeDecoder
 from specdraft.stats import GenerationStats
 from specdraft.suites import SuitePrompt, load_suite
@@ -430,6 +430,7 @@ def render_markdown(result: dict[str, Any]) -> str:
 
 @hydra.main(version_base="1.3", config_path="pkg://conf", config_name="bench")
 def main(cfg: DictConfig) -> None:
+    quiet_known_logs()
     if cfg.bench.threads:
         torch.set_num_threads(int(cfg.bench.threads))
     out_dir = Path(HydraConfig.get().runtime.output_dir)

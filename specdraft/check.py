@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 from transformers import DynamicCache
 
-from specdraft.build import make_drafter, make_sampling, prompt_token_ids
+from specdraft.build import make_drafter, make_sampling, prompt_token_ids, quiet_known_logs
 from specdraft.decode import SpeculativeDecoder
 from specdraft.sampling import SamplingConfig, warp
 from specdraft.suites import load_suite
@@ -183,5 +183,6 @@ def run_check(cfg: DictConfig) -> bool:
 
 @hydra.main(version_base="1.3", config_path="pkg://conf", config_name="check")
 def main(cfg: DictConfig) -> None:
+    quiet_known_logs()
     if not run_check(cfg):
         raise SystemExit(1)

@@ -12,7 +12,7 @@ import hydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from specdraft.build import make_decoder, make_drafter, prompt_token_ids
+from specdraft.build import make_decoder, make_drafter, prompt_token_ids, quiet_known_logs
 
 
 def run_generate(cfg: DictConfig) -> dict:
@@ -39,4 +39,5 @@ def run_generate(cfg: DictConfig) -> dict:
 
 @hydra.main(version_base="1.3", config_path="pkg://conf", config_name="generate")
 def generate_main(cfg: DictConfig) -> None:
+    quiet_known_logs()
     run_generate(cfg)

@@ -1,6 +1,6 @@
 """The one verify-cost model: the target's curve T_v(k) / T_v(0), measured once per process and
 model instance (`verify_curve`) through a disk cache per model and device. The K policy
-(`specdraft.gamma`), Medusa's tree sizing and the bench all read it; the shape depends on the machine
+(`specdraft.draft_length`), Medusa's tree sizing and the bench all read it; the shape depends on the machine
 and the forward stack, so it is measured, never a constant.
 
 T_v(k) is the target forward that scores k draft tokens, i.e. k + 1 new positions, after a cached

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from specdraft import costs
-from specdraft.gamma import CostModelGamma, FixedGamma, GammaPolicy, check_num_draft_tokens
+from specdraft.draft_length import CostModelDraftLength, FixedDraftLength, DraftLengthPolicy, check_num_draft_tokens
 from specdraft.protocol import Draft, DraftContext, Drafter
 from specdraft.sampling import SamplingConfig, warp
 from specdraft.stats import GenerationStats
@@ -41,7 +41,7 @@ class SpeculativeDecoder:
     """Generate from `target`, drafting with `drafter` (None = plain autoregressive decoding).
 
     num_draft_tokens: the draft tokens asked for per round (an int >= 0), or "auto": the online
-        cost model of `specdraft.gamma` picks K each round (0 = a plain AR round when drafting does
+        cost model of `specdraft.draft_length` picks K each round (0 = a plain AR round when drafting does
         not pay).
     max_draft_tokens: the largest K "auto" may choose.
     verify_curve: for "auto": the target's T_v(k)/T_v(0), k = 0..max_draft_tokens; None = the one
@@ -55,7 +55,7 @@ class SpeculativeDecoder:
         choices never depend on the prompts before it. True: one policy learns across calls (a
         server that sees one kind of traffic).
 
-    Construction does no timing and no disk I/O: everything measured is measured lazily.
+    Construction does no timing and writes nothing: everything measured is measured lazily.
     """
 
     def __init__(
@@ -85,20 +85,20 @@ class SpeculativeDecoder:
         self.sampling = sampling or SamplingConfig()
         self.sampler = sampler
         self.keep_policy = keep_policy
-        self._kept_policy: GammaPolicy | None = None
+        self._kept_policy: DraftLengthPolicy | None = None
         if drafter is not None:
             drafter.bind(target)
 
     # ------------------------------------------------------------------------------- public
-    def new_policy(self) -> GammaPolicy:
+    def new_policy(self) -> DraftLengthPolicy:
         """A fresh K policy for this decoder's setting; for "auto" this reads the target's verify
         curve (measured here the first time, once per model)."""
         if self.num_draft_tokens != "auto":
-            return FixedGamma(int(self.num_draft_tokens))
+            return FixedDraftLength(int(self.num_draft_tokens))
         curve = self.verify_curve
         if curve is None:
             curve = costs.verify_curve(self.target, self.max_draft_tokens)
-        return CostModelGamma(curve, max_k=self.max_draft_tokens)
+        return CostModelDraftLength(curve, max_k=self.max_draft_tokens)
 
     def generate(
         self,
@@ -203,7 +203,7 @@ class SpeculativeDecoder:
         if need > 0:
             costs.verify_curve(self.target, need)
 
-    def _policy(self) -> GammaPolicy:
+    def _policy(self) -> DraftLengthPolicy:
         """This call's K policy: fresh, or the one kept across calls (keep_policy=True)."""
         if not self.keep_policy:
             return self.new_policy()

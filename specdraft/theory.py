@@ -11,7 +11,7 @@ arithmetic operations relative to the target's.
 Real hardware does not always score gamma+1 positions for the price of one, and acceptance differs
 per position, so `predicted_speedup` takes a per-position acceptance profile and measured costs
 (the verify-cost curve of `specdraft.costs.verify_curve`) instead of alpha and c. The cost model
-(`specdraft.gamma`) and the bench use these functions; nothing else computes E[N] or a speedup.
+(`specdraft.draft_length`) and the bench use these functions; nothing else computes E[N] or a speedup.
 """
 
 from __future__ import annotations

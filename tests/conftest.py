@@ -12,6 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from hydra import initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
 
 from specdraft.models import tiny_random_target
 from specdraft.target import TargetModel
@@ -42,3 +44,12 @@ def default_target() -> TargetModel:
     from specdraft.models import load_target
 
     return load_target("smollm2-135m", device="cpu")
+
+
+@pytest.fixture
+def hydra_conf() -> Iterator[None]:
+    """Hydra initialised on the shipped `conf` package (as the console scripts see it), cleared after."""
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        yield
+    GlobalHydra.instance().clear()

@@ -6,13 +6,11 @@ below); each class has exactly one primary YAML."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator
 from importlib import resources
 from typing import Any
 
 import pytest
-from hydra import compose, initialize_config_module
-from hydra.core.global_hydra import GlobalHydra
+from hydra import compose
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
@@ -24,11 +22,8 @@ VARIANTS: dict[str, set[str]] = {"medusa_recurrent": {"heads"}}
 
 
 @pytest.fixture(autouse=True)
-def _hydra() -> Iterator[None]:
-    GlobalHydra.instance().clear()
-    with initialize_config_module(config_module="conf", version_base="1.3"):
-        yield
-    GlobalHydra.instance().clear()
+def _hydra(hydra_conf: None) -> None:
+    """Every test here composes the shipped configs."""
 
 
 def drafter_yaml(name: str) -> dict[str, Any]:

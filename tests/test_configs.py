@@ -3,12 +3,10 @@ tiny target allows) through its public `_target_`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from importlib import resources
 
 import pytest
-from hydra import compose, initialize_config_module
-from hydra.core.global_hydra import GlobalHydra
+from hydra import compose
 from hydra.utils import instantiate
 
 from specdraft.build import make_drafter, make_sampling
@@ -20,11 +18,8 @@ PRIMARY = sorted(p.name[:-5] for p in CONF.iterdir() if p.name.endswith(".yaml")
 
 
 @pytest.fixture(autouse=True)
-def _hydra() -> Iterator[None]:
-    GlobalHydra.instance().clear()
-    with initialize_config_module(config_module="conf", version_base="1.3"):
-        yield
-    GlobalHydra.instance().clear()
+def _hydra(hydra_conf: None) -> None:
+    """Every test here composes the shipped configs."""
 
 
 def test_every_yaml_starts_with_its_command() -> None:

@@ -12,7 +12,7 @@ import pytest
 from drafters.ngram import NGramDrafter
 from specdraft import costs
 from specdraft.decode import SpeculativeDecoder
-from specdraft.gamma import CostModelGamma
+from specdraft.draft_length import CostModelDraftLength
 from specdraft.models import tiny_random_target
 
 
@@ -65,7 +65,7 @@ def test_auto_measures_the_curve_on_first_use_outside_the_timed_stats(
     out = dec.generate([1, 2, 3, 1, 2], 6, stop_token_ids=[])
     assert out.stats.total_s < slow  # the measurement is not this generation's time
     assert len(target.verify_costs) == 6 and (tmp_path / costs.CACHE_FILE).is_file()
-    assert isinstance(dec.new_policy(), CostModelGamma)
+    assert isinstance(dec.new_policy(), CostModelDraftLength)
     assert dec.new_policy().verify_curve == costs.verify_curve(target, 5)  # memoised: measured once
     monkeypatch.setattr(costs, "measure_verify_curve", lambda *a, **k: pytest.fail("measured again"))
     SpeculativeDecoder(target, NGramDrafter(), "auto", max_draft_tokens=5).generate([1, 2, 3], 4)

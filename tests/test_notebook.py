@@ -26,4 +26,4 @@ def test_notebook_executes() -> None:
     assert not [o for o in outputs if o.get("output_type") == "error"]
     assert any("image/png" in o.get("data", {}) for o in outputs)  # the plots were drawn
     text = "".join(o.get("text", "") for o in outputs)
-    assert "gamma=1: speedup" in text and "optimal gamma" in text
+    assert "num_draft_tokens=1: speedup" in text and "optimal gamma" in text

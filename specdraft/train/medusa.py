@@ -302,12 +302,13 @@ def batch_positions(inputs: Tensor, step: int, batch_size: int, seed: int) -> Te
 
 def build_heads(cfg: DictConfig, target: TargetModel) -> nn.Module:
     """Fresh PEFT-wrapped heads on the target's lm_head (and input embedding, recurrent heads)."""
-    torch.manual_seed(cfg.seed)  # the LoRA A factors' initialisation
     recurrent = bool(cfg.get("recurrent", False))
     embed = target.model.get_input_embeddings().weight if recurrent else None
-    heads = MedusaHeads(target.lm_head.weight, cfg.num_heads, cfg.num_layers, cfg.full_projection,
-                        recurrent=recurrent, embed_weight=embed)
-    return build_peft_heads(heads, cfg.lora_rank, cfg.lora_alpha)
+    with torch.random.fork_rng(devices=[]):  # seeded initialisation without touching the caller's RNG
+        torch.manual_seed(cfg.seed)
+        heads = MedusaHeads(target.lm_head.weight, cfg.num_heads, cfg.num_layers, cfg.full_projection,
+                            recurrent=recurrent, embed_weight=embed)
+        return build_peft_heads(heads, cfg.lora_rank, cfg.lora_alpha)
 
 
 def train(cfg: DictConfig, target: TargetModel, train_set: HiddenSet,

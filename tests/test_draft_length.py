@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from specdraft import theory
-from specdraft.gamma import CostModelGamma, FixedGamma, make_gamma_policy
+from specdraft.draft_length import CostModelDraftLength, FixedDraftLength, make_draft_length_policy
 
 
-def primed_policy(alpha: float, t_q: float, curve: list[float]) -> CostModelGamma:
+def primed_policy(alpha: float, t_q: float, curve: list[float]) -> CostModelDraftLength:
     """A policy whose acceptance is pinned to alpha (huge prior) and whose costs are the curve."""
     shape = [t / curve[0] for t in curve]
-    policy = CostModelGamma(shape, max_k=len(curve) - 1, decay=0.0, prior_accept=alpha, prior_weight=1e12)
+    policy = CostModelDraftLength(shape, max_k=len(curve) - 1, decay=0.0, prior_accept=alpha, prior_weight=1e12)
     for k, t_v in enumerate(curve):
         policy.observe(k, 0, k * t_q, t_v)
     return policy
@@ -46,7 +46,7 @@ def linear(slope: float, max_k: int = 8) -> list[float]:
 
 
 def test_never_right_drafter_converges_to_zero() -> None:
-    policy = CostModelGamma(linear(0.1), max_k=8)
+    policy = CostModelDraftLength(linear(0.1), max_k=8)
     chosen = []
     for _ in range(300):
         k = policy.choose(100)
@@ -57,7 +57,7 @@ def test_never_right_drafter_converges_to_zero() -> None:
     assert max(late) <= 1
 
 
-def probe_rounds(policy: CostModelGamma, rounds: int, accept_probes: bool) -> list[int]:
+def probe_rounds(policy: CostModelDraftLength, rounds: int, accept_probes: bool) -> list[int]:
     """Round indices at which a never-right (or probe-only-right) drafter was probed."""
     probes = []
     for r in range(rounds):
@@ -69,7 +69,7 @@ def probe_rounds(policy: CostModelGamma, rounds: int, accept_probes: bool) -> li
 
 
 def test_rejected_probes_back_off_exponentially_up_to_the_cap() -> None:
-    policy = CostModelGamma(linear(0.05), max_k=8, probe_every=4, max_probe_every=32)
+    policy = CostModelDraftLength(linear(0.05), max_k=8, probe_every=4, max_probe_every=32)
     probes = probe_rounds(policy, 400, accept_probes=False)
     gaps = [b - a for a, b in zip(probes, probes[1:])]
     late = [g for g in gaps if g > 1][-6:]  # after the first rounds' drafting has stopped
@@ -79,7 +79,7 @@ def test_rejected_probes_back_off_exponentially_up_to_the_cap() -> None:
 
 
 def test_an_accepted_probe_resets_the_back_off() -> None:
-    policy = CostModelGamma(linear(0.05), max_k=8, probe_every=4, max_probe_every=64)
+    policy = CostModelDraftLength(linear(0.05), max_k=8, probe_every=4, max_probe_every=64)
     probe_rounds(policy, 50, accept_probes=False)
     assert policy._probe_interval > 4  # backed off while the probes failed
     probe_rounds(policy, 200, accept_probes=True)  # probes are accepted from round 51 on
@@ -88,21 +88,21 @@ def test_an_accepted_probe_resets_the_back_off() -> None:
 
 def test_probe_interval_is_validated() -> None:
     with pytest.raises(ValueError, match="probe_every"):
-        CostModelGamma(linear(0.1), probe_every=0)
+        CostModelDraftLength(linear(0.1), probe_every=0)
     with pytest.raises(ValueError, match="max_probe_every"):
-        CostModelGamma(linear(0.1), probe_every=64, max_probe_every=16)
+        CostModelDraftLength(linear(0.1), probe_every=64, max_probe_every=16)
 
 
 def test_verify_curve_is_validated() -> None:
     with pytest.raises(ValueError, match="max_k \\+ 1 = 9"):
-        CostModelGamma(linear(0.1, max_k=4), max_k=8)
+        CostModelDraftLength(linear(0.1, max_k=4), max_k=8)
     with pytest.raises(ValueError, match="positive"):
-        CostModelGamma([1.0, 0.0, 1.2], max_k=2)
+        CostModelDraftLength([1.0, 0.0, 1.2], max_k=2)
 
 
 def test_too_slow_drafter_is_never_probed() -> None:
     # Drafting one token costs 3 AR steps: even always-accepted drafts cannot pay.
-    policy = CostModelGamma(linear(0.1), max_k=8)
+    policy = CostModelDraftLength(linear(0.1), max_k=8)
     chosen = []
     for _ in range(200):
         k = policy.choose(100)
@@ -112,7 +112,7 @@ def test_too_slow_drafter_is_never_probed() -> None:
 
 
 def test_always_right_drafter_drafts_the_maximum() -> None:
-    policy = CostModelGamma(linear(0.05, max_k=6), max_k=6)
+    policy = CostModelDraftLength(linear(0.05, max_k=6), max_k=6)
     for _ in range(100):
         k = policy.choose(100)
         policy.observe(k, k, 0.0005 * k, 0.04 * (1 + 0.05 * k))
@@ -120,19 +120,19 @@ def test_always_right_drafter_drafts_the_maximum() -> None:
 
 
 def test_make_policy_validates() -> None:
-    auto = make_gamma_policy("auto", max_k=4, verify_curve=linear(0.1, max_k=4))
-    assert isinstance(auto, CostModelGamma) and auto.max_k == 4
-    assert make_gamma_policy(3) == FixedGamma(3)
+    auto = make_draft_length_policy("auto", max_k=4, verify_curve=linear(0.1, max_k=4))
+    assert isinstance(auto, CostModelDraftLength) and auto.max_k == 4
+    assert make_draft_length_policy(3) == FixedDraftLength(3)
     with pytest.raises(ValueError, match="verify-cost curve"):
-        make_gamma_policy("auto")
+        make_draft_length_policy("auto")
     for bad in (-1, "many", 2.5, True):
         with pytest.raises(ValueError, match="num_draft_tokens"):
-            make_gamma_policy(bad)
+            make_draft_length_policy(bad)
 
 
 def test_unmeasured_k_follow_the_measured_curve_scaled_to_this_run() -> None:
     curve = [1.0, 1.1, 1.3, 1.4, 2.0]
-    policy = CostModelGamma(curve, max_k=4)
+    policy = CostModelDraftLength(curve, max_k=4)
     assert [policy.verify_cost(k) for k in range(5)] == curve  # relative units before any timing
     policy.observe(0, 0, 0.0, 0.05)  # this run's T_v(0) is 50 ms
     assert policy.verify_cost(2) == pytest.approx(0.065)
@@ -145,7 +145,7 @@ def test_unmeasured_k_follow_the_measured_curve_scaled_to_this_run() -> None:
 def test_verify_cost_never_dips_so_drafting_is_never_free() -> None:
     """A curve that reads T_v(3) < T_v(0) must not make a never-accepted
     drafter with a real drafting cost look worth running."""
-    policy = CostModelGamma([1.0, 1.2, 0.9, 0.85], max_k=3)
+    policy = CostModelDraftLength([1.0, 1.2, 0.9, 0.85], max_k=3)
     assert [policy.verify_cost(k) for k in range(4)] == [1.0, 1.2, 1.2, 1.2]
     for _ in range(40):
         policy.observe(3, 0, 0.009, 0.042)  # never accepted; verify reads 42 ms, 3 ms per draft token
@@ -157,18 +157,18 @@ def test_curve_makes_the_first_choice_avoid_an_expensive_k() -> None:
     """The curve's shape decides: K = 1 does not pay when the curve says it costs 1.6x an AR step,
     longer drafts amortise that cost (a shape no constant slope could describe)."""
     curve = [1.0, 1.6, 1.65, 1.7, 1.9]
-    policy = CostModelGamma(curve, max_k=4, prior_accept=0.6)
+    policy = CostModelDraftLength(curve, max_k=4, prior_accept=0.6)
     rates = [policy.expected_rate(k) for k in range(5)]
     assert rates[1] <= rates[0]  # 1.6 expected tokens for 1.6x the cost of one AR step: no gain
     assert max(range(5), key=lambda k: rates[k]) == 3
 
 
 def test_first_draft_is_one_token_until_the_drafting_cost_is_known() -> None:
-    policy = CostModelGamma([1.0] * 9, max_k=8, prior_accept=0.9)
+    policy = CostModelDraftLength([1.0] * 9, max_k=8, prior_accept=0.9)
     assert policy.choose(8) == 1
     policy.observe(1, 1, 0.001, 0.04)  # cheap drafter, accepted
     assert policy.choose(8) > 1
-    slow = CostModelGamma([1.0] * 9, max_k=8, prior_accept=0.9)
+    slow = CostModelDraftLength([1.0] * 9, max_k=8, prior_accept=0.9)
     assert slow.choose(8) == 1
     slow.observe(1, 0, 0.1, 0.04)  # 100 ms per drafted token vs a 40 ms verify: never pays
     assert slow.choose(8) == 0
@@ -177,7 +177,7 @@ def test_first_draft_is_one_token_until_the_drafting_cost_is_known() -> None:
 def test_one_slow_verify_does_not_freeze_the_choice_at_zero() -> None:
     """A noisy 10x verify sample at K = 3 must not keep the policy at K = 0 for good: with a
     the curve, AR rounds keep the one shared scale current, so drafting resumes."""
-    policy = CostModelGamma([1.0, 1.0, 1.0, 1.0], max_k=3)
+    policy = CostModelDraftLength([1.0, 1.0, 1.0, 1.0], max_k=3)
     for _ in range(10):
         policy.observe(3, 3, 0.001, 0.040)  # a good drafter: everything accepted
     assert policy.choose(3) == 3
@@ -192,7 +192,7 @@ def test_one_slow_verify_does_not_freeze_the_choice_at_zero() -> None:
 def test_a_round_without_a_per_token_draft_cost_teaches_no_draft_cost() -> None:
     """The decoder passes draft_s=None for a generation's first round (the drafter's prompt
     catch-up, e.g. a draft model's prefill, would otherwise look like a huge per-token cost)."""
-    policy = CostModelGamma([1.0] * 9, max_k=8, prior_accept=0.9)
+    policy = CostModelDraftLength([1.0] * 9, max_k=8, prior_accept=0.9)
     policy.observe(1, 1, None, 0.04)
     assert policy.draft_cost(1) == 0.0 and policy.choose(8) == 1  # still unknown: one token
     policy.observe(1, 1, 0.002, 0.04)

@@ -40,7 +40,7 @@ from typing import Protocol
 from specdraft.theory import expected_tokens_from_profile
 
 
-class GammaPolicy(Protocol):
+class DraftLengthPolicy(Protocol):
     """Chooses K each round and learns from what the round cost and kept."""
 
     def choose(self, k_max: int) -> int: ...
@@ -52,7 +52,7 @@ class GammaPolicy(Protocol):
 
 
 @dataclass
-class FixedGamma:
+class FixedDraftLength:
     """Always draft `k` tokens (capped by what the round allows)."""
 
     k: int
@@ -65,7 +65,7 @@ class FixedGamma:
 
 
 @dataclass
-class CostModelGamma:
+class CostModelDraftLength:
     """Online cost-model choice of K (see module docstring for the rule).
 
     verify_curve: the target's T_v(k) / T_v(0) for k = 0..max_k (`specdraft.costs.verify_curve`).
@@ -191,16 +191,16 @@ def check_num_draft_tokens(num_draft_tokens: int | str) -> int | str:
     return num_draft_tokens
 
 
-def make_gamma_policy(
+def make_draft_length_policy(
     num_draft_tokens: int | str, max_k: int = 8, verify_curve: Sequence[float] | None = None
-) -> GammaPolicy:
+) -> DraftLengthPolicy:
     """A fresh policy for `num_draft_tokens`: a fixed number, or "auto" (the cost model up to max_k
     on the target's `verify_curve`, which "auto" requires)."""
     if check_num_draft_tokens(num_draft_tokens) != "auto":
-        return FixedGamma(int(num_draft_tokens))
+        return FixedDraftLength(int(num_draft_tokens))
     if verify_curve is None:
         raise ValueError(
             "num_draft_tokens='auto' needs the target's verify-cost curve: pass "
             "verify_curve=specdraft.costs.verify_curve(target, max_k)."
         )
-    return CostModelGamma(verify_curve, max_k=max_k)
+    return CostModelDraftLength(verify_curve, max_k=max_k)
