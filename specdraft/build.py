@@ -25,6 +25,12 @@ def quiet_known_logs() -> None:
     logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
 
 
+def target_label(cfg: DictConfig | dict) -> str:
+    """A `target` group's name for records: its name_or_path (an alias, hub id, directory or .gguf),
+    else its `_target_` (e.g. the tiny random target of the tests)."""
+    return str(cfg.get("name_or_path") or cfg.get("_target_", ""))
+
+
 def make_drafter(cfg: DictConfig | dict | None) -> Drafter | None:
     """Instantiate a drafter config (`_target_` + flat params); empty / None = no drafter (AR)."""
     if cfg is None or "_target_" not in cfg:

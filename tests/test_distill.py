@@ -245,8 +245,9 @@ def test_selfgen_yaml_repeats_the_run_selfgen_defaults() -> None:
     with initialize_config_module(config_module="conf", version_base="1.3"):
         cfg = compose(config_name="selfgen")
     GlobalHydra.instance().clear()
-    params = {("target" if k == "target_name" else k): p.default for k, p in inspect.signature(run_selfgen).parameters.items()}
+    params = {k: p.default for k, p in inspect.signature(run_selfgen).parameters.items()}
     assert set(cfg) - {"threads"} == set(params)
+    assert cfg.target.name_or_path == params.pop("target")  # the target group, as in every recipe
     assert cfg.out_dir is None and params.pop("out_dir") == SELFGEN_DIR  # null = the shipped data
     assert list(cfg.kinds) == list(params.pop("kinds"))
     assert {k: v for k, v in cfg.items() if k in params} == params

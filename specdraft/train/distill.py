@@ -37,10 +37,12 @@ from typing import Any
 
 import hydra
 import torch
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 from transformers import LlamaForCausalLM, PreTrainedModel
 
+from specdraft.build import target_label
 from specdraft.data import corpus_documents, token_blocks
 from specdraft.formats.draft import (
     META_FILE,
@@ -50,7 +52,6 @@ from specdraft.formats.draft import (
     load_draft_artifact,
     save_draft_artifact,
 )
-from specdraft.models import load_target
 from specdraft.shipped import require_artifact
 from specdraft.target import TargetModel
 from specdraft.train.early_exit import cached_top_k, load_blocks
@@ -513,7 +514,7 @@ def run(cfg: Mapping[str, Any], target: TargetModel | None = None) -> dict:
     summary written to draft.json. `target` may be injected (tests use a tiny random one)."""
     t0 = time.time()
     settings = TrainSettings.from_config(cfg["train"])  # checked before any teacher pass
-    target = target or load_target(cfg["target"], device="cpu")
+    target = target or instantiate(cfg["target"])
     for p in target.model.parameters():
         p.requires_grad_(False)
     data = load_data(cfg, target)
@@ -525,7 +526,7 @@ def run(cfg: Mapping[str, Any], target: TargetModel | None = None) -> dict:
     final = evaluate_all(student, vocab, evals)
     losses = [row["loss"] for row in log.history if "loss" in row]
     summary = {
-        "target": str(cfg["target"]),
+        "target": target_label(cfg["target"]) if isinstance(cfg["target"], Mapping) else str(cfg["target"]),
         "command": cfg.get("command", ""),
         "init_candidates": init_results,
         "pruned_vocab_size": vocab.size,

@@ -31,11 +31,13 @@ from pathlib import Path
 
 import hydra
 import torch
+from hydra.utils import instantiate
 from omegaconf import DictConfig
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from drafters.medusa_forms import CompiledHeads
+from specdraft.build import target_label
 from specdraft.formats.medusa_heads import load_heads, resolve_heads_dir
 
 FORMATS = ("vllm", "medusa")
@@ -124,16 +126,15 @@ DTYPES = ("float32", "float16", "bfloat16")
 
 def export_from_config(cfg: DictConfig) -> Path:
     """Load the heads named by cfg onto cfg.target's embeddings and export them (conf/export_medusa.yaml)."""
-    from specdraft.models import load_model
-
     if cfg.dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {cfg.dtype!r}.")
     if cfg.format not in FORMATS:  # before loading the target
         raise ValueError(f"format must be one of {FORMATS}, got {cfg.format!r}.")
     heads = resolve_heads_dir(cfg.heads)  # before loading the target
-    source = load_model(cfg.target, device="cpu")
+    source = instantiate(cfg.target).model
     model = load_heads(heads, source.get_output_embeddings().weight, source.get_input_embeddings().weight)
-    base = HUB_IDS.get(cfg.target, cfg.target)
+    name = target_label(cfg.target)
+    base = HUB_IDS.get(name, name)
     return export(model, cfg.out_dir, cfg.format, getattr(torch, cfg.dtype), topk=cfg.topk,
                   max_paths=cfg.max_paths, base_model=base)
 

@@ -39,6 +39,7 @@ from typing import Any
 import hydra
 import torch
 import torch.nn.functional as F
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 from tqdm import tqdm
@@ -438,12 +439,10 @@ def main(cfg: DictConfig) -> None:
     """Hydra entry point: load the target, then precompute / train / save."""
     from hydra.core.hydra_config import HydraConfig
 
-    from specdraft.models import load_target
-
     torch.set_num_threads(cfg.threads)
     OmegaConf.set_struct(cfg, False)
     cfg.overrides = list(HydraConfig.get().overrides.task)
-    target = load_target(cfg.target, device="cpu")
+    target = instantiate(cfg.target)
     run(cfg, target)
 
 

@@ -27,13 +27,20 @@ from pathlib import Path
 
 import hydra
 import torch
+from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch import Tensor
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from specdraft.models import load_target, load_tokenizer
 from specdraft.shipped import ARTIFACTS_DIR
-from specdraft.train.selfgen_prompts import Prompt, build_prompts, extra_prompts_for, followup_prompts
+from specdraft.target import TargetModel
+from specdraft.train.selfgen_prompts import (
+    Prompt,
+    build_prompts,
+    extra_prompts_for,
+    followup_prompts,
+)
 
 SELFGEN_DIR = ARTIFACTS_DIR / "smollm2-135m" / "selfgen"  # the shipped answers of smollm2-135m
 SELFGEN_FILE = "selfgen.jsonl"
@@ -116,7 +123,7 @@ def generate_batch(
 
 
 def run_selfgen(
-    target_name: str = "smollm2-135m",
+    target: str | TargetModel = "smollm2-135m",
     out_dir: str | Path = SELFGEN_DIR,
     cache_dir: str | Path | None = None,
     num_prompts: int = 1200,
@@ -147,7 +154,7 @@ def run_selfgen(
         todo = sorted((p for p in pool if p.id not in done), key=lambda p: len(p.text) + sum(len(c) for _, c in p.history))
     else:
         todo = [p for p in build_prompts(num_prompts, seed) if p.id not in done]
-    target = load_target(target_name, device="cpu")
+    target = load_target(target, device="cpu") if isinstance(target, str) else target
     print(f"[selfgen] {len(todo)} prompts to generate ({len(done)} already done)", flush=True)
     t0 = time.time()
     tokens = 0
@@ -207,7 +214,7 @@ def main(cfg: DictConfig) -> None:
     generate the self-distillation data (resumable)."""
     torch.set_num_threads(int(cfg.threads))
     run_selfgen(
-        cfg.target, cfg.out_dir or SELFGEN_DIR, cfg.cache_dir, int(cfg.num_prompts), int(cfg.batch_size),
+        instantiate(cfg.target), cfg.out_dir or SELFGEN_DIR, cfg.cache_dir, int(cfg.num_prompts), int(cfg.batch_size),
         int(cfg.max_new_tokens), int(cfg.top_k), int(cfg.seed), cfg.max_minutes, tuple(cfg.kinds or ()),
     )
 
