@@ -156,43 +156,11 @@ def test_recipe_end_to_end(tmp_path: Path, context: bool, sources: str) -> None:
     assert drafter.vocab is not None and drafter.vocab.size == 4096  # trained on it, drafts on it (pruned_vocab=auto)
 
 
-def test_chained_training_learns_its_own_feature(tmp_path: Path) -> None:
-    """chain_prob trains part of the positions on the adapter's own feature (the later draft tokens'
-    input): it still learns, and it fits that input better than training on the target's only."""
-    target = tiny_random_target(vocab_size=64, seed=3, num_layers=3)
-    data = teacher_data(target, tmp_path, with_prev=True)
-    chained = {}
-    for chain_prob in (0.0, 1.0):
-        torch.manual_seed(0)
-        adapter = ExitAdapter(hidden_size=32, width=64, context=True)
-        run_log = train_adapter(target, adapter, data, fit(150), batch_tokens=128, chain_prob=chain_prob, log=False)
-        curve = losses(run_log)
-        assert sum(curve[-10:]) / 10 < 0.8 * sum(curve[:10]) / 10
-        chained[chain_prob] = agreement(target, adapter, data)["top1_chained"]
-    assert chained[1.0] > chained[0.0] + 0.05  # measured: +0.15 to +0.2 on four tiny targets
-
-
 def test_train_sample_takes_whole_blocks_spread_over_the_split() -> None:
     train = {"hidden": torch.arange(10 * 4).float()[:, None], "prev": torch.arange(10 * 4).float()[:, None]}  # 10 blocks of 4
     sample = train_sample(train, tokens=12, block_size=4)
     assert sample["hidden"].flatten().tolist() == [0, 1, 2, 3, 16, 17, 18, 19, 36, 37, 38, 39]  # blocks 0, 4 (4.5 rounds to even), 9
     assert train_sample(train, tokens=1000, block_size=4)["prev"].shape[0] == 40  # capped at the split
-
-
-def test_dropout_only_while_training() -> None:
-    torch.manual_seed(0)
-    plain = ExitAdapter(hidden_size=32, width=16, context=True)
-    dropped = ExitAdapter(hidden_size=32, width=16, context=True, dropout=0.5)
-    torch.nn.init.normal_(plain.down[0].weight)
-    dropped.load_state_dict(plain.state_dict())
-    h, prev = torch.randn(4, 32), torch.randn(4, 32)
-    dropped.train()
-    assert not torch.allclose(dropped(h, prev), dropped(h, prev))  # a fresh mask each call
-    dropped.eval()
-    torch.testing.assert_close(dropped(h, prev), plain.eval()(h, prev))  # drafting sees no dropout
-    assert dropped.spec()["dropout"] == 0.5 and "dropout" in plain.spec()
-    with pytest.raises(ValueError, match="dropout"):
-        ExitAdapter(hidden_size=32, width=16, dropout=1.0)
 
 
 def test_a_longer_run_redoes_the_partial_last_shard(tmp_path: Path) -> None:

@@ -41,13 +41,10 @@ class ExitAdapter(nn.Module):
     post-norm hidden state of the position before).
 
     W2 starts at zero, so an untrained adapter is exactly the identity (the plain early exit).
-    dropout: applied to every block's input in training mode only (a regulariser: the adapter
-    memorises its training tokens); inference (`eval()`) is unaffected.
     """
 
     def __init__(
         self, hidden_size: int, width: int, num_blocks: int = 1, eps: float = 1e-5, context: bool = False,
-        dropout: float = 0.0,
     ) -> None:
         super().__init__()
         if hidden_size <= 0 or width <= 0 or num_blocks <= 0:
@@ -56,9 +53,7 @@ class ExitAdapter(nn.Module):
                 f"{hidden_size}, {width}, {num_blocks}."
             )
         self.hidden_size, self.width, self.num_blocks, self.eps = hidden_size, width, num_blocks, eps
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"ExitAdapter dropout must be in [0, 1), got {dropout}.")
-        self.context, self.dropout = bool(context), float(dropout)
+        self.context = bool(context)
         inputs = 2 * hidden_size if context else hidden_size
         self.norms = nn.ParameterList([nn.Parameter(torch.ones(hidden_size)) for _ in range(num_blocks)])
         self.context_norms = nn.ParameterList(
@@ -80,15 +75,13 @@ class ExitAdapter(nn.Module):
             x = _rms(hidden, norm, self.eps)
             if self.context:
                 x = torch.cat([x, _rms(prev.to(hidden.dtype), self.context_norms[i], self.eps)], dim=-1)
-            x = nn.functional.dropout(x, self.dropout, self.training)
             hidden = hidden + down(nn.functional.silu(up(x)))
         return hidden
 
     def spec(self) -> dict:
         """Constructor arguments (saved next to the weights)."""
         return {"hidden_size": self.hidden_size, "width": self.width,
-                "num_blocks": self.num_blocks, "eps": self.eps, "context": self.context,
-                "dropout": self.dropout}
+                "num_blocks": self.num_blocks, "eps": self.eps, "context": self.context}
 
 
 def save_adapter(adapter: ExitAdapter, directory: str | Path, metadata: dict) -> Path:

@@ -136,7 +136,6 @@ def train_adapter(
     *,
     seed: int = 0,
     vocab: PrunedVocab | None = None,
-    chain_prob: float = 0.0,
     checkpoint: Path | None = None,
     evaluate: Evaluate | None = None,
     log: bool = True,
@@ -145,9 +144,7 @@ def train_adapter(
     AdamW, warm-up + cosine over steps or the time budget, resumable `checkpoint`, `evaluate` hook);
     the target stays frozen. Each step draws `batch_tokens` cached positions of train_data.
 
-    vocab: the student projects onto that subset only (V / M times cheaper). chain_prob: for a
-    context adapter, the share of positions whose `prev` is the adapter's own (detached) output at
-    the position before instead of the target's, as for the second and later draft tokens.
+    vocab: the student projects onto that subset only (V / M times cheaper).
     """
     for p in target.model.parameters():
         p.requires_grad_(False)
@@ -160,14 +157,6 @@ def train_adapter(
         idx = torch.randint(0, n, (batch_tokens,), generator=gen)  # [b]
         h = train_data["hidden"][idx].float().to(device)  # [b, H]
         prev = train_data["prev"][idx].float().to(device) if adapter.context else None  # [b, H]
-        if prev is not None and chain_prob > 0:
-            before = (idx - 1).clamp(min=0)  # same block wherever prev is non-zero (not a block start)
-            with torch.no_grad():
-                own = exit_hidden(target, train_data["hidden"][before].float().to(device), adapter,
-                                  train_data["prev"][before].float().to(device))  # [b, H]
-            use = (torch.rand(idx.shape[0], generator=gen) < chain_prob).to(device)  # [b]
-            use &= (prev != 0).any(-1)
-            prev = torch.where(use[:, None], own, prev)
         ids = train_data["top_ids"][idx].long().to(device)  # [b, k]
         if vocab is not None:
             ids = vocab.to_subset(ids)  # -1 outside the subset
@@ -273,7 +262,6 @@ def checkpoint_path(cfg, settings: TrainSettings, vocab: PrunedVocab | None) -> 
         return None
     a = cfg.adapter
     tag = (f"w{a.width}_b{a.num_blocks}" + ("_ctx" if a.context else "")
-           + (f"_ch{a.chain_prob}" if a.context and a.chain_prob else "") + (f"_do{a.dropout}" if a.dropout else "")
            + f"_n{int(cfg.train_tokens)}_s{settings.max_steps}_v{vocab.size if vocab else 0}")
     return teacher_cache_dir(cfg) / f"train_state_{tag}.pt"
 
@@ -283,8 +271,7 @@ def new_adapter(cfg, hidden_size: int) -> ExitAdapter:  # noqa: ANN001
     (drawn without touching the process's global random state)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
-        return ExitAdapter(hidden_size, cfg.adapter.width, cfg.adapter.num_blocks, context=bool(cfg.adapter.context),
-                           dropout=float(cfg.adapter.dropout))
+        return ExitAdapter(hidden_size, cfg.adapter.width, cfg.adapter.num_blocks, context=bool(cfg.adapter.context))
 
 
 def run(cfg) -> dict:  # noqa: ANN001 - an OmegaConf DictConfig
@@ -302,9 +289,8 @@ def run(cfg) -> dict:  # noqa: ANN001 - an OmegaConf DictConfig
     log.info("untrained exit after layer %d: %s", cfg.exit_layer, before)
 
     adapter = new_adapter(cfg, target.hidden_size)
-    chain_prob = float(cfg.adapter.chain_prob) if adapter.context else 0.0
     trained = train_adapter(target, adapter, train_data, settings, int(cfg.batch_tokens), seed=int(cfg.seed),
-                            vocab=vocab, chain_prob=chain_prob, checkpoint=checkpoint_path(cfg, settings, vocab),
+                            vocab=vocab, checkpoint=checkpoint_path(cfg, settings, vocab),
                             evaluate=lambda step: agreement(target, adapter, held, vocab=vocab))
     after = trained.evals[-1]["eval"]  # the skeleton evaluates after the last step
     log.info("trained exit after layer %d: %s", cfg.exit_layer, after)
