@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from specdraft import costs
-from specdraft.draft_length import CostModelDraftLength, FixedDraftLength, DraftLengthPolicy, check_num_draft_tokens
+from specdraft.draft_length import DraftLengthPolicy, check_num_draft_tokens, make_draft_length_policy
 from specdraft.protocol import Draft, DraftContext, Drafter
 from specdraft.sampling import SamplingConfig, warp
 from specdraft.stats import GenerationStats
@@ -93,12 +93,10 @@ class SpeculativeDecoder:
     def new_policy(self) -> DraftLengthPolicy:
         """A fresh K policy for this decoder's setting; for "auto" this reads the target's verify
         curve (measured here the first time, once per model)."""
-        if self.num_draft_tokens != "auto":
-            return FixedDraftLength(int(self.num_draft_tokens))
         curve = self.verify_curve
-        if curve is None:
+        if curve is None and self.num_draft_tokens == "auto":
             curve = costs.verify_curve(self.target, self.max_draft_tokens)
-        return CostModelDraftLength(curve, max_k=self.max_draft_tokens)
+        return make_draft_length_policy(self.num_draft_tokens, self.max_draft_tokens, curve)
 
     def generate(
         self,
