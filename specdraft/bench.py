@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
@@ -36,7 +35,8 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from specdraft import costs, theory
-from specdraft.build import drafter_config, make_decoder, make_drafter, quiet_known_logs
+from specdraft.build import drafter_config, make_decoder, make_drafter
+from specdraft.console import hydra_cli
 from specdraft.decode import SpeculativeDecoder
 from specdraft.stats import GenerationStats
 from specdraft.suites import SuitePrompt, load_suite
@@ -428,9 +428,8 @@ def render_markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-@hydra.main(version_base="1.3", config_path="pkg://conf", config_name="bench")
+@hydra_cli("bench")
 def main(cfg: DictConfig) -> None:
-    quiet_known_logs()
     if cfg.bench.threads:
         torch.set_num_threads(int(cfg.bench.threads))
     out_dir = Path(HydraConfig.get().runtime.output_dir)

@@ -6,7 +6,6 @@ Configs hold only flat parameters and `_target_`s; runtime objects are created h
 
 from __future__ import annotations
 
-import logging
 from importlib import resources
 from typing import Any
 
@@ -17,12 +16,6 @@ from specdraft.decode import SpeculativeDecoder
 from specdraft.protocol import Drafter
 from specdraft.sampling import SamplingConfig
 from specdraft.target import TargetModel
-
-
-def quiet_known_logs() -> None:
-    """Process-wide log levels, for the console scripts only (library code never sets them):
-    bitsandbytes logs on every int8 matmul that float32 inputs are cast to float16 (expected)."""
-    logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
 
 
 def target_label(cfg: DictConfig | dict) -> str:

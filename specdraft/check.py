@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import hydra
 import numpy as np
 import torch
 from hydra.utils import instantiate
@@ -26,7 +25,8 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 from transformers import DynamicCache
 
-from specdraft.build import make_drafter, make_sampling, prompt_token_ids, quiet_known_logs
+from specdraft.build import make_drafter, make_sampling, prompt_token_ids
+from specdraft.console import hydra_cli
 from specdraft.decode import SpeculativeDecoder
 from specdraft.sampling import SamplingConfig, warp
 from specdraft.suites import load_suite
@@ -181,8 +181,7 @@ def run_check(cfg: DictConfig) -> bool:
     return ok
 
 
-@hydra.main(version_base="1.3", config_path="pkg://conf", config_name="check")
+@hydra_cli("check")
 def main(cfg: DictConfig) -> None:
-    quiet_known_logs()
     if not run_check(cfg):
         raise SystemExit(1)

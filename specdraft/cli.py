@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 
-import hydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from specdraft.build import make_decoder, make_drafter, prompt_token_ids, quiet_known_logs
+from specdraft.build import make_decoder, make_drafter, prompt_token_ids
+from specdraft.console import hydra_cli
 
 
 def run_generate(cfg: DictConfig) -> dict:
@@ -37,7 +37,6 @@ def run_generate(cfg: DictConfig) -> dict:
     return record
 
 
-@hydra.main(version_base="1.3", config_path="pkg://conf", config_name="generate")
+@hydra_cli("generate")
 def generate_main(cfg: DictConfig) -> None:
-    quiet_known_logs()
     run_generate(cfg)

@@ -35,13 +35,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import hydra
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 from transformers import LlamaForCausalLM, PreTrainedModel
 
+from specdraft.console import hydra_cli
 from specdraft.build import target_label
 from specdraft.data import corpus_documents, token_blocks
 from specdraft.formats.draft import (
@@ -545,7 +545,7 @@ def run(cfg: Mapping[str, Any], target: TargetModel | None = None) -> dict:
     return summary
 
 
-@hydra.main(version_base="1.3", config_path="pkg://conf", config_name="train_distill")
+@hydra_cli("train_distill")
 def main(cfg: DictConfig) -> None:
     """`specdraft-train-draft` (Hydra, conf/train_distill.yaml): seeds and threads, then `run`."""
     torch.set_num_threads(int(cfg.threads))

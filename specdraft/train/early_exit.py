@@ -30,9 +30,11 @@ import sys
 from pathlib import Path
 
 import torch
+from omegaconf import DictConfig
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from specdraft.console import hydra_cli
 from specdraft.formats.exit_adapter import ExitAdapter, exit_head, exit_hidden, exit_logits, save_adapter
 from specdraft.target import TargetModel
 from specdraft.train.loop import Evaluate, TrainLog, TrainSettings, train
@@ -317,17 +319,11 @@ def run(cfg) -> dict:  # noqa: ANN001 - an OmegaConf DictConfig
     return metrics
 
 
-def main() -> None:
-    """Hydra entry point: `specdraft-train-early-exit exit_layer=6 train.max_minutes=60`."""
-    import hydra
-
-    @hydra.main(version_base="1.3", config_path="pkg://conf", config_name="train_early_exit")
-    def _main(cfg) -> None:  # noqa: ANN001
-        torch.set_num_threads(int(cfg.threads))
-        print(json.dumps(run(cfg), indent=2))
-
-    _main()
-
+@hydra_cli("train_early_exit")
+def main(cfg: DictConfig) -> None:
+    """`specdraft-train-early-exit exit_layer=6 train.max_minutes=60`."""
+    torch.set_num_threads(int(cfg.threads))
+    print(json.dumps(run(cfg), indent=2))
 
 if __name__ == "__main__":
     main()

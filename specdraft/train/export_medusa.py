@@ -29,7 +29,6 @@ import json
 import sys
 from pathlib import Path
 
-import hydra
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
@@ -37,6 +36,7 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from drafters.medusa_forms import CompiledHeads
+from specdraft.console import hydra_cli
 from specdraft.build import target_label
 from specdraft.formats.medusa_heads import load_heads, resolve_heads_dir
 
@@ -139,7 +139,7 @@ def export_from_config(cfg: DictConfig) -> Path:
                   max_paths=cfg.max_paths, base_model=base)
 
 
-@hydra.main(version_base="1.3", config_path="pkg://conf", config_name="export_medusa")
+@hydra_cli("export_medusa")
 def main(cfg: DictConfig) -> None:
     """`specdraft-export-medusa format=vllm heads=DIR|ALIAS out_dir=DIR`."""
     try:

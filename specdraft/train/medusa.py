@@ -45,6 +45,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from drafters.medusa_forms import CompiledHeads
+from specdraft.console import hydra_cli
 from specdraft.formats.medusa_heads import MedusaHeads, save_accuracy, save_heads
 from specdraft.target import TargetModel
 from specdraft.train.loop import TrainLog, TrainSettings
@@ -434,7 +435,7 @@ def run(cfg: DictConfig, target: TargetModel) -> dict:
     return results
 
 
-@hydra.main(version_base="1.3", config_path="pkg://conf", config_name="train_medusa")
+@hydra_cli("train_medusa")
 def main(cfg: DictConfig) -> None:
     """Hydra entry point: load the target, then precompute / train / save."""
     from hydra.core.hydra_config import HydraConfig

@@ -25,13 +25,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import hydra
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch import Tensor
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from specdraft.console import hydra_cli
 from specdraft.models import load_target, load_tokenizer
 from specdraft.shipped import ARTIFACTS_DIR
 from specdraft.target import TargetModel
@@ -208,7 +208,7 @@ def load_selfgen_sequences(split: str = "train", path: str | Path | None = None)
     ]
 
 
-@hydra.main(version_base="1.3", config_path="pkg://conf", config_name="selfgen")
+@hydra_cli("selfgen")
 def main(cfg: DictConfig) -> None:
     """`specdraft-selfgen` / `python -m specdraft.train.selfgen` (Hydra, conf/selfgen.yaml):
     generate the self-distillation data (resumable)."""
