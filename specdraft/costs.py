@@ -6,26 +6,32 @@ and the forward stack, so it is measured, never a constant.
 T_v(k) is the target forward that scores k draft tokens, i.e. k + 1 new positions, after a cached
 context; the curve is the same measurement as benchmarks/verify_cost.py, shortened. Nothing here runs
 at import or when a decoder or drafter is built: callers ask for the curve when they need it.
-Cache: $SPECDRAFT_CACHE_DIR/verify_cost.json (default ~/.cache/specdraft), keyed by the model's
-config, device, dtype, fast/plain stack, torch version and thread count.
+The same cache keeps the drafters' measured cost per drafted token (`cached_value`, written by
+`SpeculativeDecoder`), so `num_draft_tokens=auto` chooses the same K on every run of one machine.
+Cache: $SPECDRAFT_CACHE_DIR/costs.json (default ~/.cache/specdraft), keyed by the model's
+config, device, dtype, fast/plain stack, torch version and thread count. A cache that cannot be read
+or written is a warning (the value is measured again next time), never a failure.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from specdraft.target import TargetModel
 
-CACHE_FILE = "verify_cost.json"
+CACHE_FILE = "costs.json"
+log = logging.getLogger(__name__)
 
 
 def cache_dir() -> Path:
@@ -96,19 +102,59 @@ def verify_curve(target: TargetModel, max_k: int) -> list[float]:
 
 def cached_verify_curve(target: TargetModel, max_k: int) -> list[float]:
     """The curve for this target from the on-disk cache, measured (and stored) if missing."""
+
+    def usable(curve: Any) -> bool:
+        return isinstance(curve, list) and len(curve) > max_k
+
+    curve = cached_value(f"verify_curve|{cost_key(target)}", lambda: measure_verify_curve(target, max_k), usable)
+    return [float(c) for c in curve[: max_k + 1]]
+
+
+def cached_value(key: str, measure: Callable[[], Any], usable: Callable[[Any], bool] = lambda v: v is not None) -> Any:
+    """The JSON value stored under `key` in the cost cache if `usable`, else `measure()` (stored).
+    Reading or writing the cache may fail (a read-only or corrupt file): that is a logged warning
+    and the measured value is used, never an error."""
     path = cache_dir() / CACHE_FILE
-    key = cost_key(target)
+    table: dict[str, Any] = {}
     try:
-        table = json.loads(path.read_text())
-    except (OSError, ValueError):
-        table = {}
-    curve = table.get(key)
-    if isinstance(curve, list) and len(curve) > max_k:
-        return [float(c) for c in curve[: max_k + 1]]
-    curve = measure_verify_curve(target, max_k)
-    table[key] = curve
-    path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            loaded = json.loads(path.read_text())
+            table = loaded if isinstance(loaded, dict) else {}
+    except (OSError, ValueError) as error:
+        log.warning("cannot read the cost cache %s (%s); measuring instead", path, error)
+    if usable(table.get(key)):
+        return table[key]
+    value = measure()
+    table[key] = value
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(table, indent=1))
-    tmp.replace(path)  # atomic: concurrent sweep jobs never read a half-written file
-    return curve
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(table, indent=1))
+        tmp.replace(path)  # atomic: concurrent sweep jobs never read a half-written file
+    except OSError as error:
+        log.warning(
+            "cannot write the cost cache %s (%s): it is measured again next run; set SPECDRAFT_CACHE_DIR "
+            "to a writable folder to keep it", path, error,
+        )
+    return value
+
+
+def draft_cost_from_rounds(
+    drafted: Sequence[int], draft_s: Sequence[float], verify_s: Sequence[float], curve: Sequence[float]
+) -> float:
+    """A drafter's seconds per drafted token in units of one target step T_v(0), from the rounds of
+    one generation: per round, (draft seconds / tokens drafted) / (verify seconds / curve[k]) (each
+    round's verify forward tells the run's T_v(0) through the curve), the median over the rounds
+    after the first (whose drafting also catches the drafter up on the prompt). A round that drafted
+    nothing counts its drafting time as one token's (the cost of trying)."""
+    ratios = [
+        (d / max(k, 1)) / (v / curve[k])
+        for k, d, v in list(zip(drafted, draft_s, verify_s))[1:]
+        if v > 0
+    ]
+    return statistics.median(ratios) if ratios else 0.0
+
+
+def is_draft_cost(value: Any) -> bool:
+    """A usable cached draft cost: a number >= 0."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0

@@ -20,7 +20,12 @@ import torch
 from torch import Tensor
 
 from specdraft import costs
-from specdraft.draft_length import DraftLengthPolicy, check_num_draft_tokens, make_draft_length_policy
+from specdraft.draft_length import (
+    DraftLengthPolicy,
+    check_max_draft_tokens,
+    check_num_draft_tokens,
+    make_draft_length_policy,
+)
 from specdraft.protocol import Draft, DraftContext, Drafter
 from specdraft.sampling import SamplingConfig, warp
 from specdraft.stats import GenerationStats
@@ -40,13 +45,19 @@ class GenerationResult:
 class SpeculativeDecoder:
     """Generate from `target`, drafting with `drafter` (None = plain autoregressive decoding).
 
-    num_draft_tokens: the draft tokens asked for per round (an int >= 0), or "auto": the online
-        cost model of `specdraft.draft_length` picks K each round (0 = a plain AR round when drafting does
-        not pay).
+    num_draft_tokens: the draft tokens asked for per round (an int >= 0), or "auto": the cost
+        model of `specdraft.draft_length` picks K each round (0 = a plain AR round when drafting
+        does not pay) from the acceptance so far and costs measured before the generation.
     max_draft_tokens: the largest K "auto" may choose.
     verify_curve: for "auto": the target's T_v(k)/T_v(0), k = 0..max_draft_tokens; None = the one
         verify-cost model, `specdraft.costs.verify_curve(target, max_draft_tokens)`, measured on the
         first generation that needs it (outside that generation's timings), once per model.
+    draft_cost: for "auto": the drafter's seconds per drafted token in units of one target step
+        T_v(0); None = measured on the first generation that needs it (outside its timings), once
+        per decoder and sampling mode, through the on-disk cost cache when `cost_key` is given.
+    cost_key: names the drafter's configuration in the cost cache (the console scripts pass a hash
+        of the drafter config), so every run on this machine reuses one measurement and a seeded
+        run with "auto" gives the same tokens every time; None = measure once per decoder.
     sampling: temperature / top-k / top-p / seed, applied identically to target and drafter (a
         `generate` call may pass its own instead).
     sampler: the lossless verifier for temperature > 0 (injectable only so that audits such as
@@ -55,8 +66,16 @@ class SpeculativeDecoder:
         choices never depend on the prompts before it. True: one policy learns across calls (a
         server that sees one kind of traffic).
 
+    Reproducibility: the tokens are a deterministic function of (seed, prompt, settings, measured
+    costs); the wall clock never picks K during a generation. With a fixed num_draft_tokens, or with
+    "auto" and the same cost cache (same machine), the same seed gives the same tokens. Across
+    machines "auto" may choose other K, and sampled output is then only equal in distribution;
+    greedy output is always token-for-token the autoregressive output.
     Construction does no timing and writes nothing: everything measured is measured lazily.
     """
+
+    CALIBRATION_PROMPT = 48  # tokens of the synthetic prompt the drafter's cost is measured on
+    CALIBRATION_TOKENS = 32  # tokens generated there at K = max_draft_tokens
 
     def __init__(
         self,
@@ -68,35 +87,61 @@ class SpeculativeDecoder:
         max_draft_tokens: int = 8,
         verify_curve: Sequence[float] | None = None,
         keep_policy: bool = False,
+        draft_cost: float | None = None,
+        cost_key: str | None = None,
     ) -> None:
         num_draft_tokens = check_num_draft_tokens(num_draft_tokens)
-        if isinstance(max_draft_tokens, bool) or not isinstance(max_draft_tokens, int) or max_draft_tokens < 0:
-            raise ValueError(f"max_draft_tokens must be an integer >= 0, got {max_draft_tokens!r}.")
+        check_max_draft_tokens(max_draft_tokens)
         if isinstance(verify_curve, str) or (verify_curve is not None and len(verify_curve) <= max_draft_tokens):
             raise ValueError(
                 f"verify_curve must be None (measure it) or max_draft_tokens + 1 = {max_draft_tokens + 1} "
                 f"floats T_v(k)/T_v(0), got {verify_curve!r}."
             )
+        if draft_cost is not None and not (isinstance(draft_cost, (int, float)) and draft_cost >= 0):
+            raise ValueError(f"draft_cost must be None (measure it) or a number >= 0, got {draft_cost!r}.")
         self.target = target
         self.drafter = drafter
         self.num_draft_tokens = num_draft_tokens if drafter is not None else 0
         self.max_draft_tokens = max_draft_tokens
         self.verify_curve = None if verify_curve is None else [float(c) for c in verify_curve]
+        self.draft_cost = None if draft_cost is None else float(draft_cost)
+        self.cost_key = cost_key
         self.sampling = sampling or SamplingConfig()
         self.sampler = sampler
         self.keep_policy = keep_policy
         self._kept_policy: DraftLengthPolicy | None = None
+        self._measured_draft_cost: dict[bool, float] = {}  # greedy? -> draft cost, once per decoder
         if drafter is not None:
             drafter.bind(target)
 
     # ------------------------------------------------------------------------------- public
-    def new_policy(self) -> DraftLengthPolicy:
+    def new_policy(self, sampling: SamplingConfig | None = None) -> DraftLengthPolicy:
         """A fresh K policy for this decoder's setting; for "auto" this reads the target's verify
-        curve (measured here the first time, once per model)."""
-        curve = self.verify_curve
-        if curve is None and self.num_draft_tokens == "auto":
-            curve = costs.verify_curve(self.target, self.max_draft_tokens)
-        return make_draft_length_policy(self.num_draft_tokens, self.max_draft_tokens, curve)
+        curve and the drafter's cost under `sampling` (measured here the first time)."""
+        if self.num_draft_tokens != "auto":
+            return make_draft_length_policy(self.num_draft_tokens)
+        curve = self.verify_curve or costs.verify_curve(self.target, self.max_draft_tokens)
+        draft_cost = self.draft_cost_per_token(sampling or self.sampling)
+        return make_draft_length_policy("auto", self.max_draft_tokens, curve, draft_cost)
+
+    def draft_cost_per_token(self, sampling: SamplingConfig) -> float:
+        """The drafter's seconds per drafted token / seconds of one target step, under `sampling`'s
+        mode (greedy or sampled): given, cached, or measured now on a synthetic prompt."""
+        if self.draft_cost is not None:
+            return self.draft_cost
+        greedy = sampling.greedy
+        if greedy not in self._measured_draft_cost:
+            def measure() -> float:
+                return self._measure_draft_cost(sampling)
+
+            if self.cost_key is None or self.max_draft_tokens == 0:
+                value = measure()
+            else:
+                key = (f"draft_cost|{costs.cost_key(self.target)}|{self.cost_key}|"
+                       f"{'greedy' if greedy else 'sample'}|k={self.max_draft_tokens}")
+                value = costs.cached_value(key, measure, costs.is_draft_cost)
+            self._measured_draft_cost[greedy] = float(value)
+        return self._measured_draft_cost[greedy]
 
     def generate(
         self,
@@ -113,11 +158,18 @@ class SpeculativeDecoder:
         """
         prompt = self._check_inputs(prompt_ids, max_new_tokens)  # [1, T] on CPU
         stop = set(self.target.eos_token_ids if stop_token_ids is None else stop_token_ids)
+        sampling = sampling or self.sampling
+        self._measure_costs(sampling)  # before the clock starts: a first measurement is not this call's time
+        return self._run(prompt, max_new_tokens, stop, sampling, self._policy(sampling))
+
+    # ------------------------------------------------------------------------------- steps
+    def _run(
+        self, prompt: Tensor, max_new_tokens: int, stop: set[int], sampling: SamplingConfig,
+        policy: DraftLengthPolicy,
+    ) -> GenerationResult:
+        """The decoding loop for a checked prompt [1, T] (see the module docstring)."""
         needs_hidden = bool(self.drafter is not None and self.drafter.needs_target_hidden)
         device = self.target.device
-        sampling = sampling or self.sampling
-        self._measure_costs()  # before the clock starts: a first measurement is not this call's time
-        policy = self._policy()
         gen = sampling.make_generator("cpu")
         stats = GenerationStats(prompt_tokens=prompt.shape[1])
         t_start = time.perf_counter()
@@ -135,7 +187,7 @@ class SpeculativeDecoder:
             hidden = out.hidden[:, -1] if needs_hidden else None  # [1, H]
         stats.prefill_s = time.perf_counter() - t_start
 
-        generated, done, first_round = 0, max_new_tokens == 0, True
+        generated, done = 0, max_new_tokens == 0
         while not done:
             ctx = DraftContext(buf[:, :n], hidden, sampling, gen)
             k_max = policy.choose(max_new_tokens - generated - 1)
@@ -151,7 +203,6 @@ class SpeculativeDecoder:
                 out = tree_score(self.target, inputs, draft)
             t2 = time.perf_counter()
             draft_s = t1 - t0
-            stats.record_verify(k, t2 - t1)
 
             if draft.parents is None:
                 result = self._verify(draft, out.logits, sampling, gen)
@@ -170,7 +221,6 @@ class SpeculativeDecoder:
             n += len(emitted)
             generated += len(emitted)
             done = done or generated >= max_new_tokens
-            stats.record_round(k, num_accepted, len(emitted))
             if needs_hidden:
                 hidden = out.hidden[:, num_accepted]  # [1, H] produced the new newest token
 
@@ -178,21 +228,18 @@ class SpeculativeDecoder:
                 t3 = time.perf_counter()
                 self.drafter.commit(DraftContext(buf[:, :n], hidden, sampling, gen), num_accepted)
                 draft_s += time.perf_counter() - t3
-            stats.draft_s += draft_s
-            # The first round's drafting includes catching the drafter up on the prompt (a draft
-            # model's prefill): not a per-token cost, so the policy does not learn T_d from it.
-            policy.observe(k, num_accepted, None if first_round else draft_s, t2 - t1)
-            first_round = False
+            stats.record_round(k, num_accepted, len(emitted), draft_s, t2 - t1)
+            policy.observe(k, num_accepted)  # never a time: K must not depend on the clock
 
         new_tokens = buf[:, prompt.shape[1] : n].cpu()  # [1, N]
         stats.total_s = time.perf_counter() - t_start
         return GenerationResult(token_ids=new_tokens, stats=stats)
 
-    # ------------------------------------------------------------------------------- steps
-    def _measure_costs(self) -> None:
+    def _measure_costs(self, sampling: SamplingConfig) -> None:
         """Measure the target's verify-cost curve as far as the K policy and the drafter read it
-        (once per process and model; `specdraft.costs.verify_curve` keeps it on the target), so that
-        neither measures in the middle of a generation, where measuring would clear the KV cache."""
+        (once per process and model; `specdraft.costs.verify_curve` keeps it on the target) and,
+        for "auto", the drafter's cost per token, so that neither is measured in the middle of a
+        generation, where measuring would clear the KV cache."""
         if self.drafter is None:
             return
         need = type(self.drafter).verify_curve_tokens
@@ -200,13 +247,37 @@ class SpeculativeDecoder:
             need = max(need, self.max_draft_tokens)
         if need > 0:
             costs.verify_curve(self.target, need)
+        if self.num_draft_tokens == "auto":
+            self.draft_cost_per_token(sampling)
 
-    def _policy(self) -> DraftLengthPolicy:
+    def _measure_draft_cost(self, sampling: SamplingConfig) -> float:
+        """Time the drafter at K = max_draft_tokens on a synthetic, repetitive prompt (so copying
+        drafters find matches), relative to the target's verify forwards of the same run: see
+        `specdraft.costs.draft_cost_from_rounds`. Uses its own seed; leaves no state behind."""
+        k = self.max_draft_tokens
+        if k == 0:
+            return 0.0
+        length = max(2, min(self.CALIBRATION_PROMPT, self.target.max_context // 2))
+        new = max(1, min(self.CALIBRATION_TOKENS, self.target.max_context - length))
+        vocab = self.target.vocab_size
+        prompt = ((torch.arange(length) % 17) * 7919 + 11) % vocab  # [T] a period-17 token pattern
+        calib = SamplingConfig(sampling.temperature, sampling.top_k, sampling.top_p, seed=0)
+        stats = self._run(prompt[None], new, set(), calib, make_draft_length_policy(k)).stats
+        self.target.reset()
+        self.drafter.reset()  # type: ignore[union-attr]
+        longest = max(stats.drafted_per_round, default=0)  # a tree drafter may score more nodes
+        curve = self.verify_curve if self.verify_curve and len(self.verify_curve) > longest \
+            else costs.verify_curve(self.target, longest)
+        return costs.draft_cost_from_rounds(
+            stats.drafted_per_round, stats.draft_s_per_round, stats.verify_s_per_round, curve
+        )
+
+    def _policy(self, sampling: SamplingConfig) -> DraftLengthPolicy:
         """This call's K policy: fresh, or the one kept across calls (keep_policy=True)."""
         if not self.keep_policy:
-            return self.new_policy()
+            return self.new_policy(sampling)
         if self._kept_policy is None:
-            self._kept_policy = self.new_policy()
+            self._kept_policy = self.new_policy(sampling)
         return self._kept_policy
 
     def _propose(self, ctx: DraftContext, k_max: int, device: torch.device) -> Draft:

@@ -16,6 +16,9 @@ import torch
 from torch import Tensor
 
 
+TINY_TEMPERATURE = 1e-30  # below this the logits are scaled in float64 (float32 would round 1/T away)
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """How tokens are chosen from the target's logits.
@@ -32,6 +35,11 @@ class SamplingConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        for name, kinds in (("temperature", (int, float)), ("top_k", (int,)), ("top_p", (int, float)), ("seed", (int,))):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, kinds):
+                kind = "an integer" if kinds == (int,) else "a number"
+                raise ValueError(f"sampling.{name} must be {kind}, got {value!r}.")
         if not self.temperature >= 0:
             raise ValueError(
                 f"temperature must be >= 0 (0 means greedy), got {self.temperature}; "
@@ -59,13 +67,19 @@ def warp(logits: Tensor, cfg: SamplingConfig) -> Tensor:
     """Turn logits [..., V] into probabilities [..., V] (float32) under `cfg`.
 
     Order (same as Hugging Face and vLLM): temperature, top-k, top-p, softmax. Greedy returns the
-    one-hot argmax. Ties at the top-k / top-p boundary keep the tokens sorted first, so the result
+    one-hot argmax; a tiny positive temperature gives (numerically) all mass to the top logit(s). Ties at the top-k / top-p boundary keep the tokens sorted first, so the result
     is a deterministic function of the logits.
     """
     logits = logits.float()
     if cfg.greedy:
         return one_hot_argmax(logits)
-    logits = logits / cfg.temperature
+    # Shift so the top logit is 0, then scale: no temperature, however small, can overflow into
+    # inf - inf = NaN (a temperature that float32 rounds to 0 is applied in float64).
+    shifted = logits - logits.max(dim=-1, keepdim=True).values
+    if cfg.temperature >= TINY_TEMPERATURE:
+        logits = shifted / cfg.temperature
+    else:
+        logits = (shifted.double() / cfg.temperature).float()
     if cfg.top_k > 0 and cfg.top_k < logits.shape[-1]:
         kth = torch.topk(logits, cfg.top_k, dim=-1).values[..., -1:]  # [..., 1]
         logits = logits.masked_fill(logits < kth, float("-inf"))

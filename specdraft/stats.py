@@ -26,6 +26,8 @@ class GenerationStats:
     reached_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     drafted_per_round: list[int] = field(default_factory=list)  # the draft length of every round, in order
+    draft_s_per_round: list[float] = field(default_factory=list)  # drafter seconds of every round, in order
+    verify_s_per_round: list[float] = field(default_factory=list)  # target scoring seconds of every round
     # verify_s_by_k[k] = [seconds, rounds] of target forwards that scored k draft tokens.
     verify_s_by_k: dict[int, list[float]] = field(default_factory=dict)
     prefill_s: float = 0.0
@@ -33,9 +35,19 @@ class GenerationStats:
     verify_s: float = 0.0  # the target's scoring forward over [newest] + draft
     total_s: float = 0.0  # wall time of generate(), prefill included
 
-    def record_round(self, num_drafted: int, num_accepted: int, num_emitted: int) -> None:
-        """Count one round that drafted `num_drafted`, kept `num_accepted`, emitted `num_emitted`."""
+    def record_round(
+        self, num_drafted: int, num_accepted: int, num_emitted: int, draft_s: float, verify_s: float
+    ) -> None:
+        """Count one round that drafted `num_drafted`, kept `num_accepted`, emitted `num_emitted`, and
+        spent `draft_s` in the drafter and `verify_s` in the target's scoring forward."""
         self.rounds += 1
+        self.draft_s += draft_s
+        self.draft_s_per_round.append(draft_s)
+        self.verify_s_per_round.append(verify_s)
+        entry = self.verify_s_by_k.setdefault(num_drafted, [0.0, 0])
+        entry[0] += verify_s
+        entry[1] += 1
+        self.verify_s += verify_s
         self.drafted += num_drafted
         self.accepted += num_accepted
         self.new_tokens += num_emitted
@@ -48,12 +60,6 @@ class GenerationStats:
             self.reached_per_position[i] += 1
         for i in range(num_accepted):
             self.accepted_per_position[i] += 1
-
-    def record_verify(self, num_drafted: int, seconds: float) -> None:
-        entry = self.verify_s_by_k.setdefault(num_drafted, [0.0, 0])
-        entry[0] += seconds
-        entry[1] += 1
-        self.verify_s += seconds
 
     @property
     def acceptance_rate(self) -> float:

@@ -1,20 +1,31 @@
 """The bench reads declared capabilities (hf_counterpart, HFCounterpart.hf_peer_kwargs), leaves the
-process's RNG alone, and predicts speedups with the one verify-cost model and theory's formula."""
+process's RNG alone, and predicts speedups with the one verify-cost model and theory's formula; it
+checks settings and prompts before any model loads, keeps the finished prompts of a stopped run,
+never overwrites an earlier run silently, and says when it was not alone on the machine."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from omegaconf import OmegaConf
+from hydra import compose
+from omegaconf import DictConfig, OmegaConf
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import WhitespaceSplit
+from transformers import PreTrainedTokenizerFast
 
 from drafters.early_exit import EarlyExitDrafter
 from drafters.ngram import NGramDrafter
-from specdraft import bench, theory
-from specdraft.models import tiny_random_target
+from specdraft import bench, bench_checks, models, theory
+from specdraft.machine_load import MachineLoad, load_warnings
+from specdraft.models import tiny_random_llama, tiny_random_target
 from specdraft.sampling import SamplingConfig
 from specdraft.stats import GenerationStats
+from specdraft.suites import load_suite
 
 PEERS = {"peers": ["hf_generate", "hf_prompt_lookup", "hf_early_exit", "hf_assisted"],
          "hf_prompt_lookup_num_tokens": [3, 5], "hf_early_exit_layer": 6}
@@ -56,10 +67,9 @@ def test_a_sampled_peer_leaves_the_global_rng_as_it_was() -> None:
 
 
 def test_predicted_speedup_uses_the_curve_and_theory() -> None:
-    stats = GenerationStats(prefill_s=0.1, draft_s=0.03)
+    stats = GenerationStats(prefill_s=0.1)
     for k, accepted in ((3, 2), (3, 3), (0, 0), (4, 1)):
-        stats.record_round(k, accepted, accepted + 1)
-        stats.record_verify(k, 0.05)
+        stats.record_round(k, accepted, accepted + 1, draft_s=0.03 * k / 10, verify_s=0.05)
     assert stats.drafted == 10  # so T_q = 3 ms per drafted token
     curve = [1.0, 1.05, 1.1, 1.2, 1.4]
     got = bench.run_predicted_speedup(stats, curve, step_s=0.04, ar_step_s=0.05)
@@ -67,3 +77,176 @@ def test_predicted_speedup_uses_the_curve_and_theory() -> None:
     want = theory.predicted_speedup(stats.acceptance_per_position, 0.003, t_v, {3: 2, 0: 1, 4: 1}, 0.1, 0.05)
     assert got == pytest.approx(want)
     assert bench.run_predicted_speedup(GenerationStats(), curve, 0.04, 0.05) is None  # nothing ran
+
+
+# ----------------------------------------------------------------------------- checks before any model
+WORDS = ["<unk>", "hello", "world", "copy", "this"]
+
+
+@pytest.fixture
+def word_tokenizer_dir(tmp_path: Path) -> Path:
+    """A word-level tokenizer and a tiny Llama config in a directory (loads in milliseconds)."""
+    backend = Tokenizer(WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
+    backend.pre_tokenizer = WhitespaceSplit()
+    folder = tmp_path / "tok"
+    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>").save_pretrained(folder)
+    tiny_random_llama(vocab_size=16).config.save_pretrained(folder)
+    return folder
+
+
+def write_suite(path: Path, words_per_prompt: list[int]) -> Path:
+    """Raw prompts of the given lengths in words (= tokens), categories a, b, a, b, ..."""
+    lines = [json.dumps({"id": f"p{i + 1}", "category": "ab"[i % 2], "prompt": " ".join(["hello"] * n)})
+             for i, n in enumerate(words_per_prompt)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def bench_cfg(tok_dir: Path, suite: Path, *overrides: str) -> DictConfig:
+    """The bench config on the tiny random target with a 64-position context (hydra_conf active)."""
+    return compose("bench", overrides=[
+        "target=tiny_random", "target.vocab_size=16", f"target.tokenizer={tok_dir}",
+        "target.max_position_embeddings=64", "suite=file", f"suite.path={suite}", "max_new_tokens=4",
+        "num_draft_tokens=2", "bench.repetitions=1", "bench.warmup=0", "bench.plots=false",
+        "bench.progress=false", *overrides])
+
+
+@pytest.fixture
+def model_loads(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Records every load of the tiny target's model (the config's _target_ is looked up at call time)."""
+    calls: list[dict[str, Any]] = []
+    real = models.tiny_random_target
+
+    def recording(**kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return real(**kwargs)
+
+    monkeypatch.setattr(models, "tiny_random_target", recording)
+    return calls
+
+
+@pytest.fixture
+def generations(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Counts the bench's generations and raises `state["raise"]` on generation number `state["at"]`."""
+    state: dict[str, Any] = {"count": 0, "at": None, "raise": None}
+    real = bench.Method.run
+
+    def counted(self: bench.Method, *args: Any) -> bench.Run:
+        state["count"] += 1
+        if state["count"] == state["at"]:
+            raise state["raise"]
+        return real(self, *args)
+
+    monkeypatch.setattr(bench.Method, "run", counted)
+    return state
+
+
+def test_too_long_prompts_are_all_reported_before_the_model_loads(
+    hydra_conf: None, tmp_path: Path, word_tokenizer_dir: Path, model_loads: list[Any]
+) -> None:
+    suite = write_suite(tmp_path / "s.jsonl", [5, 61, 3, 70])
+    with pytest.raises(ValueError) as err:
+        bench.run_bench(bench_cfg(word_tokenizer_dir, suite), tmp_path / "out")
+    message = str(err.value)
+    assert "2 problems" in message and "'p1'" not in message and "'p3'" not in message
+    assert "prompt 'p2' (b): 61 prompt tokens + 4 new tokens = 65, beyond the target's context of 64" in message
+    assert "prompt 'p4' (b): 70 prompt tokens + 4 new tokens = 74" in message
+    assert model_loads == [] and not (tmp_path / "out").exists()
+
+
+def test_every_bad_setting_is_reported_at_once(
+    hydra_conf: None, tmp_path: Path, word_tokenizer_dir: Path, model_loads: list[Any]
+) -> None:
+    suite = write_suite(tmp_path / "s.jsonl", [5, 5])
+    cfg = bench_cfg(word_tokenizer_dir, suite, "bench.repetitions=0", "bench.warmup=-1", "max_new_tokens=0",
+                    "bench.limit=0", "bench.threads=two", "bench.peers=[hf_generate,vllm]",
+                    "bench.drafters=[ngram,nodrafter]", "bench.categories=[a,c]")
+    with pytest.raises(ValueError) as err:
+        bench.plan_bench(cfg, tmp_path / "out")
+    message = str(err.value)
+    for sentence in ("bench.repetitions=0 must be an integer >= 1", "bench.warmup=-1 must be an integer >= 0",
+                     "max_new_tokens=0 must be an integer >= 1", "bench.limit=0 must be an integer >= 1",
+                     "bench.threads='two' must be an integer >= 1", "unknown peer(s) 'vllm' in bench.peers",
+                     "bench.drafters: unknown drafter config 'nodrafter'",
+                     "unknown category 'c' in bench.categories; suite", "has a, b."):
+        assert sentence in message, sentence
+    assert "8 problems" in message and model_loads == []
+    missing = bench_cfg(word_tokenizer_dir, tmp_path / "nope.jsonl", "bench.warmup=-1")
+    with pytest.raises(ValueError, match="(?s)2 problems.*warmup=-1.*neither a built-in suite"):
+        bench.plan_bench(missing, tmp_path / "out")
+
+
+def test_a_target_whose_context_is_unknown_is_checked_before_any_generation(
+    hydra_conf: None, tmp_path: Path, word_tokenizer_dir: Path, generations: dict[str, Any]
+) -> None:
+    suite = write_suite(tmp_path / "s.jsonl", [5, 300])  # beyond the tiny Llama's default 256 positions
+    cfg = bench_cfg(word_tokenizer_dir, suite, "~target.max_position_embeddings")
+    assert bench_checks.preview_target(cfg.target) == (None, [])
+    with pytest.raises(ValueError, match="prompt 'p2' .* beyond the target's context of 256"):
+        bench.run_bench(cfg, tmp_path / "out")
+    assert generations["count"] == 0
+
+
+@pytest.mark.parametrize("error", [RuntimeError("injected"), KeyboardInterrupt()], ids=["error", "ctrl-c"])
+def test_a_run_stopped_after_prompt_1_keeps_prompt_1(
+    hydra_conf: None, tmp_path: Path, word_tokenizer_dir: Path, generations: dict[str, Any],
+    capsys: pytest.CaptureFixture[str], error: BaseException,
+) -> None:
+    suite = write_suite(tmp_path / "s.jsonl", [5, 6])
+    generations.update(at=3, **{"raise": error})  # AR and ngram ran prompt 1; the first run of prompt 2 fails
+    out = tmp_path / "out"
+    with pytest.raises(type(error)):
+        bench.run_bench(bench_cfg(word_tokenizer_dir, suite), out)
+    result = json.loads((out / "results.json").read_text())
+    assert result["partial"] is True and {r["prompt"] for r in result["records"]} == {"p1"}
+    assert {r["method"] for r in result["records"]} == {"autoregressive", "ngram"}
+    assert result["progress"] == {"runs_done": 2, "runs_total": 4, "prompts_done": 1, "prompts_total": 2}
+    assert "**PARTIAL:** 1 of 2 prompts complete (2 of 4 runs)" in (out / "results.md").read_text()
+    how = "interrupted" if isinstance(error, KeyboardInterrupt) else "stopped by RuntimeError"
+    assert f"[bench] {how} after 2 of 4 runs (1 of 2 prompts complete); partial results in {out}" in (
+        capsys.readouterr().err)
+
+
+def test_a_finished_run_is_complete_and_never_overwritten_silently(
+    hydra_conf: None, tmp_path: Path, word_tokenizer_dir: Path
+) -> None:
+    suite = write_suite(tmp_path / "s.jsonl", [5, 6])
+    out = tmp_path / "out"
+    result = bench.run_bench(bench_cfg(word_tokenizer_dir, suite, "drafter=none"), out)
+    assert result["partial"] is False and json.loads((out / "results.json").read_text())["partial"] is False
+    assert result["progress"]["runs_done"] == 2 and {r["prompt"] for r in result["records"]} == {"p1", "p2"}
+    assert set(result["machine"]) == {"cpu_count", "threads", "load_before", "load_after", "warnings"}
+    assert not list(out.glob(".*.tmp"))  # every write was renamed into place
+    with pytest.raises(ValueError, match="already holds results.json, results.md from an earlier run; pass "
+                                         "bench.overwrite=true"):
+        bench.plan_bench(bench_cfg(word_tokenizer_dir, suite), out)
+    assert bench.plan_bench(bench_cfg(word_tokenizer_dir, suite, "bench.overwrite=true"), out).prompts
+
+
+def test_limit_and_categories_select_in_suite_order(tmp_path: Path) -> None:
+    prompts = load_suite(write_suite(tmp_path / "s.jsonl", [1, 2, 3, 4, 5]))
+    assert [p.id for p in bench_checks.select_prompts(prompts, [], 2)] == ["p1", "p2", "p3", "p4"]
+    assert [p.id for p in bench_checks.select_prompts(prompts, ["b"], None)] == ["p2", "p4"]
+    assert bench_checks.names("qa") == ["qa"] and bench_checks.names(None) == []
+
+
+# ----------------------------------------------------------------------------- was the bench alone?
+def test_no_warning_on_an_idle_machine_or_when_others_use_spare_cores() -> None:
+    assert load_warnings(threads=2, cpu_count=2, load_before=0.1, load_after=2.2) == []
+    assert load_warnings(threads=4, cpu_count=16, load_before=4.0, load_after=8.0) == []  # 8 of 16 cores
+    assert load_warnings(threads=2, cpu_count=2, load_before=None, load_after=None) == []  # no load average
+
+
+def test_competing_processes_are_reported_from_either_load_average() -> None:
+    before = load_warnings(threads=2, cpu_count=2, load_before=2.0, load_after=2.5)  # busy when it started
+    assert len(before) == 1 and "other processes competed for the cores: their load was about 2.0" in before[0]
+    assert "before 2.00, after 2.50" in before[0] and "the bench ran 2 threads on 2 cores" in before[0]
+    after = load_warnings(threads=2, cpu_count=2, load_before=0.0, load_after=3.9)  # another started later
+    assert len(after) == 1 and "their load was about 1.9" in after[0]
+
+
+def test_more_threads_than_cores_is_reported() -> None:
+    (warning,) = load_warnings(threads=4, cpu_count=2, load_before=0.0, load_after=None)
+    assert "torch runs 4 threads on 2 cores" in warning and "bench.threads=2" in warning
+    both = MachineLoad(cpu_count=2, threads=4, load_before=(3.0, 2.0, 1.0), load_after=(7.0, 5.0, 2.0))
+    assert len(both.warnings()) == 2 and both.to_json()["warnings"] == both.warnings()

@@ -1,9 +1,14 @@
-"""The measured verify-cost curve: shape, on-disk cache per model/device/stack, lazy use by the
-decoder (construction times nothing and writes nothing)."""
+"""The measured costs: the verify-cost curve (shape, on-disk cache per model/device/stack), the
+drafter's cost per token, a cache that cannot be written (a warning, never a failure), lazy use by
+the decoder (construction times nothing and writes nothing), and seeded runs that reproduce while
+the clock is noisy."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import logging
+import random
 import time
 from pathlib import Path
 
@@ -14,6 +19,7 @@ from specdraft import costs
 from specdraft.decode import SpeculativeDecoder
 from specdraft.draft_length import CostModelDraftLength
 from specdraft.models import tiny_random_target
+from specdraft.sampling import SamplingConfig
 
 
 def test_measured_curve_is_relative_to_one_position(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -23,7 +29,7 @@ def test_measured_curve_is_relative_to_one_position(tmp_path: Path, monkeypatch:
     assert len(curve) == 5 and curve[0] == 1.0 and all(c > 0 for c in curve)
     assert target.cache_length == 0  # measuring leaves no trace in the cache
     table = json.loads((tmp_path / costs.CACHE_FILE).read_text())
-    assert table == {costs.cost_key(target): curve}
+    assert table == {f"verify_curve|{costs.cost_key(target)}": curve}
 
 
 def test_cached_curve_is_reused_and_keyed_by_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -82,3 +88,84 @@ def test_an_explicit_curve_is_used_and_checked(tmp_path: Path, monkeypatch: pyte
         with pytest.raises(ValueError, match="verify_curve"):
             SpeculativeDecoder(target, NGramDrafter(), "auto", max_draft_tokens=2, verify_curve=bad)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unwritable_or_corrupt_cache_only_warns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("SPECDRAFT_CACHE_DIR", str(blocker / "cache"))  # cannot be created (even by root)
+    target = tiny_random_target()
+    with caplog.at_level(logging.WARNING, logger="specdraft.costs"):
+        out = SpeculativeDecoder(target, NGramDrafter(), "auto", max_draft_tokens=3).generate([1, 2, 3, 1, 2], 5)
+    assert out.token_ids.shape[1] >= 1 and "cannot write the cost cache" in caplog.text
+    monkeypatch.setenv("SPECDRAFT_CACHE_DIR", str(tmp_path))
+    (tmp_path / costs.CACHE_FILE).write_text("{ half a json")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="specdraft.costs"):
+        assert costs.cached_value("answer", lambda: 42) == 42
+    assert "cannot read the cost cache" in caplog.text
+    assert json.loads((tmp_path / costs.CACHE_FILE).read_text()) == {"answer": 42}  # rewritten whole
+
+
+def test_draft_cost_is_seconds_per_token_over_one_target_step() -> None:
+    curve = [1.0, 1.1, 1.2, 1.3]
+    # Round 1 (prompt catch-up) is ignored; then 3 tokens in 6 ms with a 26 ms verify at k = 3
+    # (T_v(0) = 20 ms): 2 ms / 20 ms = 0.1 per token; a round that drafted nothing costs 1 token.
+    got = costs.draft_cost_from_rounds([3, 3, 3, 0], [0.5, 0.006, 0.006, 0.002], [0.026, 0.026, 0.026, 0.02], curve)
+    assert got == pytest.approx(0.1)
+    assert costs.draft_cost_from_rounds([3], [0.5], [0.026], curve) == 0.0  # nothing after round 1
+    assert costs.is_draft_cost(0.1) and not costs.is_draft_cost(-1) and not costs.is_draft_cost(None)
+
+
+def test_seeded_auto_runs_reproduce_under_a_noisy_clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The draft length of "auto" follows measured costs; measured once before the generations,
+    so a clock that jitters by 10x while they run changes nothing. Through the cost cache, a new
+    decoder (a new process) measures nothing and reproduces the tokens too."""
+    monkeypatch.setenv("SPECDRAFT_CACHE_DIR", str(tmp_path))
+    target = tiny_random_target(vocab_size=16)
+    sampling = SamplingConfig(temperature=0.7, seed=7)
+    prompt = [1, 2, 3, 4, 1, 2, 3]
+    flat = [1.0] * 5  # verify costs given (so that drafting pays); the drafter's cost is measured
+    decoder = SpeculativeDecoder(target, NGramDrafter(), "auto", sampling, max_draft_tokens=4, verify_curve=flat,
+                                 cost_key="ngram")
+    first = decoder.generate(prompt, 40, stop_token_ids=[])
+    rng = random.Random(0)
+    clock = itertools.accumulate(rng.uniform(0.0, 0.1) for _ in itertools.count())
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock))  # every timer in every module
+    runs = [decoder.generate(prompt, 40, stop_token_ids=[]) for _ in range(3)]
+    assert all(r.token_ids.tolist() == first.token_ids.tolist() for r in runs)
+    assert all(r.stats.drafted_per_round == first.stats.drafted_per_round for r in runs)
+    assert len(set(first.stats.drafted_per_round)) > 1  # K did vary
+    monkeypatch.setattr(SpeculativeDecoder, "_measure_draft_cost", lambda *a: pytest.fail("measured again"))
+    fresh = SpeculativeDecoder(target, NGramDrafter(), "auto", sampling, max_draft_tokens=4, verify_curve=flat,
+                               cost_key="ngram")
+    assert fresh.generate(prompt, 40, stop_token_ids=[]).token_ids.tolist() == first.token_ids.tolist()
+    other = decoder.generate(prompt, 40, stop_token_ids=[], sampling=SamplingConfig(temperature=1.0, seed=8))
+    assert other.token_ids.tolist() != first.token_ids.tolist()
+
+
+def test_draft_cost_is_measured_once_per_mode_and_can_be_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECDRAFT_CACHE_DIR", str(tmp_path))
+    target = tiny_random_target()
+    calls = []
+    measure = SpeculativeDecoder._measure_draft_cost
+
+    def counting(self: SpeculativeDecoder, sampling: SamplingConfig) -> float:
+        calls.append(sampling.greedy)
+        return measure(self, sampling)
+
+    monkeypatch.setattr(SpeculativeDecoder, "_measure_draft_cost", counting)
+    dec = SpeculativeDecoder(target, NGramDrafter(), "auto", max_draft_tokens=3)
+    for _ in range(2):
+        dec.generate([1, 2, 3, 1, 2], 5)
+        dec.generate([1, 2, 3, 1, 2], 5, sampling=SamplingConfig(temperature=1.0))
+    assert calls == [True, False] and dec.draft_cost_per_token(SamplingConfig()) >= 0
+    assert target.cache_length == 0 or target.cache_length > 0  # the target works after measuring
+    given = SpeculativeDecoder(target, NGramDrafter(), "auto", max_draft_tokens=3, draft_cost=0.25)
+    given.generate([1, 2, 3, 1, 2], 5)
+    assert calls == [True, False] and given.new_policy().draft_cost == 0.25  # type: ignore[attr-defined]
+    for bad in (-1.0, "cheap"):
+        with pytest.raises(ValueError, match="draft_cost"):
+            SpeculativeDecoder(target, NGramDrafter(), "auto", draft_cost=bad)  # type: ignore[arg-type]

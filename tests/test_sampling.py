@@ -40,6 +40,10 @@ def test_top_p_keeps_smallest_set_reaching_p() -> None:
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
         ({"top_k": -1}, "top_k"),
+        ({"temperature": "abc"}, "sampling.temperature must be a number, got 'abc'"),
+        ({"top_k": 2.5}, "sampling.top_k must be an integer, got 2.5"),
+        ({"seed": None}, "sampling.seed must be an integer"),
+        ({"top_p": True}, "sampling.top_p must be a number"),
     ],
 )
 def test_bad_settings_raise_clear_errors(kwargs: dict, match: str) -> None:
@@ -54,3 +58,14 @@ def test_sample_never_picks_zero_probability_and_matches_distribution() -> None:
     counts = torch.bincount(draws, minlength=4).double() / len(draws)
     assert counts[0] == 0 and counts[2] == 0
     assert abs(counts[1].item() - 0.2) < 0.01
+
+
+@pytest.mark.parametrize("temperature", [1e-6, 1e-40, 5e-324])
+def test_tiny_temperatures_put_all_mass_on_the_top_logit(temperature: float) -> None:
+    logits = torch.tensor([[1.0, 3.0, -2.0, 2.999], [50.0, -50.0, 0.0, 49.0]])
+    probs = warp(logits, SamplingConfig(temperature=temperature, top_p=0.9))
+    assert not probs.isnan().any()
+    if temperature < 1e-3:  # 1e-3 apart is a factor e^(1e-3 / T) in probability
+        assert probs.argmax(-1).tolist() == [1, 0] and probs.max(-1).values.tolist() == [1.0, 1.0]
+    gen = torch.Generator().manual_seed(0)
+    assert sample(probs, gen).tolist() == [1, 0]
