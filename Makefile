@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 DEMO_ARGS := suite=quick bench.limit=1 max_new_tokens=64 bench.repetitions=1 bench.warmup=0 \
 	bench.drafters=[ngram,draft_model,quantized,early_exit,medusa,medusa_recurrent] \
 	bench.peers=[hf_generate,hf_prompt_lookup,hf_assisted,hf_early_exit] \
-	bench.hf_prompt_lookup_num_tokens=[5] hydra.run.dir=outputs/demo
+	bench.hf_prompt_lookup_num_tokens=[5] bench.overwrite=true hydra.run.dir=outputs/demo
 
 demo: $(STAMP)
 	$(VENV)/bin/specdraft-bench $(DEMO_ARGS)

@@ -12,6 +12,15 @@ ratio comes from one run on one machine state. Writes into Hydra's run dir:
     results.md     a table per category and overall
     *.png          acceptance per position, speedup per category, measured vs predicted speedup
 
+Before any model loads, every setting, every prompt (tokenised: prompt + new tokens within the
+target's context) and the output folder are checked, and every problem is reported in one error
+(`specdraft.bench_checks`). results.json and results.md are rewritten after each prompt, marked
+`"partial": true` until the last one; Ctrl-C or an error during the runs leaves them with every
+finished prompt and says how far the run got. A folder that holds an earlier run's results (a
+fixed hydra.run.dir) is refused unless bench.overwrite=true. Both files record the load average
+before and after the run and warn when other processes or surplus threads competed for the cores
+(`specdraft.machine_load`).
+
     specdraft-bench drafter=ngram suite=quick
     specdraft-bench bench.drafters=[ngram,early_exit] bench.peers=[hf_generate,hf_prompt_lookup]
     specdraft-bench -m drafter=none,ngram num_draft_tokens=2,4,auto
@@ -20,10 +29,12 @@ ratio comes from one run on one machine state. Writes into Hydra's run dir:
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -34,16 +45,18 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from specdraft import costs, theory
+from specdraft import bench_checks, costs, machine_load, theory
 from specdraft.build import drafter_config, make_decoder, make_drafter
 from specdraft.console import hydra_cli
 from specdraft.decode import SpeculativeDecoder
+from specdraft.plots import PLOT_FILES, write_plots
 from specdraft.stats import GenerationStats
-from specdraft.suites import SuitePrompt, load_suite
+from specdraft.suites import SuitePrompt
 from specdraft.target import TargetModel
 
 AR = "autoregressive"
 PEERS = ("hf_generate", "hf_prompt_lookup", "hf_assisted", "hf_early_exit")
+OUTPUTS = ("results.json", "results.md", *PLOT_FILES)  # what a run writes into its folder
 
 
 @runtime_checkable
@@ -128,14 +141,14 @@ def make_peers(cfg: DictConfig, target: TargetModel, drafters: dict[str, Any]) -
     """Hugging Face counterparts requested in bench.peers; a peer's arguments come from the first
     drafter of the run that declares it as its counterpart (`HFCounterpart.hf_peer_kwargs`)."""
     methods = []
-    for name in cfg.bench.peers:
+    for name in bench_checks.names(cfg.bench.peers):
         if name not in PEERS:
             raise ValueError(f"unknown peer {name!r}; choose from {list(PEERS)}.")
         own = next((peer_kwargs(d) for d in drafters.values() if type(d).hf_counterpart == name), None)
         if name == "hf_generate":
             methods.append(Method(name, peer=name))
         elif name == "hf_prompt_lookup":
-            for k in cfg.bench.hf_prompt_lookup_num_tokens:
+            for k in bench_checks.values(cfg.bench.hf_prompt_lookup_num_tokens):
                 methods.append(Method(f"{name}[{k}]", peer=name,
                                       peer_kwargs={**(own or {}), "prompt_lookup_num_tokens": int(k)}))
         elif name == "hf_early_exit":
@@ -230,7 +243,7 @@ def build_methods(cfg: DictConfig, target: TargetModel) -> list[Method]:
     forward (`target.fast=false`, same weights), suffixed "[plain]", to show what the fast verifier
     buys."""
     methods = [Method(AR, decoder=make_decoder(cfg, target, None))]
-    names = list(cfg.bench.drafters) if cfg.bench.drafters else []
+    names = bench_checks.names(cfg.bench.drafters)
     drafter_cfgs = {n: drafter_config(n) for n in names} if names else {"drafter": cfg.drafter}
     targets = [("", target)]
     if cfg.bench.get("plain_stack") and target.fast:
@@ -246,7 +259,7 @@ def build_methods(cfg: DictConfig, target: TargetModel) -> list[Method]:
             label = (name if names else _drafter_label(cfg)) + suffix
             if not suffix:
                 drafters[label] = drafter
-            methods.append(Method(label, decoder=make_decoder(cfg, tgt, drafter),
+            methods.append(Method(label, decoder=make_decoder(cfg, tgt, drafter, dcfg),
                                   hf_counterpart=type(drafter).hf_counterpart, baseline=AR + suffix))
     return methods + make_peers(cfg, target, drafters)
 
@@ -257,84 +270,177 @@ def _drafter_label(cfg: DictConfig) -> str:
     return str(choice or cfg.drafter.get("_target_", "drafter").rsplit(".", 2)[-2])
 
 
-def select_prompts(cfg: DictConfig) -> list[SuitePrompt]:
-    prompts = load_suite(cfg.suite.path or cfg.suite.name)
-    if cfg.bench.categories:
-        wanted = set(cfg.bench.categories)
-        prompts = [p for p in prompts if p.category in wanted]
-    if cfg.bench.limit:
-        per_cat: dict[str, int] = defaultdict(int)
-        kept = []
-        for p in prompts:
-            if per_cat[p.category] < cfg.bench.limit:
-                kept.append(p)
-                per_cat[p.category] += 1
-        prompts = kept
-    if not prompts:
-        raise ValueError("no prompts selected; check suite, bench.categories and bench.limit.")
-    return prompts
+@dataclass(frozen=True)
+class BenchPlan:
+    """The prompts a checked configuration runs (`plan_bench`)."""
+
+    prompts: list[SuitePrompt]
 
 
-def run_bench(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
+def plan_bench(cfg: DictConfig, out_dir: Path) -> BenchPlan:
+    """Check everything that can be checked without the model's weights (settings, suite,
+    categories, output folder, and every prompt's length with the target's tokenizer and context
+    where `bench_checks.preview_target` can read them) and raise one ValueError naming every
+    problem; else the prompts to run."""
+    problems = bench_checks.setting_problems(cfg, PEERS, drafter_config)
+    prompts, suite_problems = bench_checks.suite_problems(cfg)
+    problems += suite_problems
+    problems += bench_checks.output_problems(out_dir, OUTPUTS, bool(cfg.bench.get("overwrite", False)))
+    preview, target_problems = bench_checks.preview_target(cfg.target)
+    problems += target_problems
+    if preview is not None and prompts:
+        problems += bench_checks.context_problems(prompts, preview.tokenizer, preview.max_context,
+                                                  _max_new_tokens(cfg))
+    bench_checks.raise_problems(problems)
+    return BenchPlan(prompts)
+
+
+def _max_new_tokens(cfg: DictConfig) -> int | None:
+    value = cfg.max_new_tokens
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
+@dataclass
+class Progress:
+    """How far a run got: generations done (warm-ups included) and prompts finished."""
+
+    runs_total: int
+    prompts_total: int
+    runs_done: int = 0
+    prompts_done: int = 0
+
+    def sentence(self) -> str:
+        return (f"{self.runs_done} of {self.runs_total} runs ({self.prompts_done} of "
+                f"{self.prompts_total} prompts complete)")
+
+
+def time_prompt(
+    methods: list[Method], target: TargetModel, ids: list[int], max_new: int, sampling: Any,
+    warmup: int, reps: int, on_run: Callable[[], None],
+) -> dict[str, list[Run]]:
+    """Every method's timed runs on one prompt after `warmup` untimed ones, the order rotating per
+    repetition to cancel drift; on_run() is called after each generation."""
+    runs: dict[str, list[Run]] = defaultdict(list)
+    for rep in range(warmup + reps):
+        shift = rep % len(methods)
+        for method in methods[shift:] + methods[:shift]:  # rotate to cancel drift
+            run = method.run(target, ids, max_new, sampling)
+            if rep >= warmup:
+                runs[method.name].append(run)
+            on_run()
+    return runs
+
+
+def prompt_records(
+    methods: list[Method], runs: dict[str, list[Run]], prompt: SuitePrompt, greedy: bool
+) -> list[dict[str, Any]]:
+    """One record per method for one prompt; a greedy output that differs from AR's is reported."""
+    step_s = {m.name: verify_seconds_by_k([r.stats for r in runs[m.name] if r.stats]).get(0, 0.0)
+              for m in methods if m.name == m.baseline}
+    records = []
+    for method in methods:
+        rec = summarize(method, runs[method.name], runs[AR], step_s)
+        rec.update(prompt=prompt.id, category=prompt.category, hf_counterpart=method.hf_counterpart)
+        if not greedy:  # sampled outputs differ by design: there is nothing to compare
+            rec["greedy_match"] = None
+        if greedy and not rec["greedy_match"]:
+            print(f"\n!!! GREEDY MISMATCH: {method.name} on {prompt.id} differs from the "
+                  "autoregressive output !!!", file=sys.stderr)
+        records.append(rec)
+    return records
+
+
+def run_bench(cfg: DictConfig, out_dir: Path, plan: BenchPlan | None = None) -> dict[str, Any]:
     """Run the whole comparison and write results.json / results.md / plots into out_dir.
 
-    Every generation starts from the same state (each `generate` builds a fresh K policy), so
-    warm-ups and the rotation order change no prompt's K choices. Process-wide settings (threads)
-    are the caller's: `main` sets them from the config."""
+    plan: from `plan_bench` (checked here when not given). Every generation starts from the same
+    state (each `generate` builds a fresh K policy), so warm-ups and the rotation order change no
+    prompt's K choices. Process-wide settings (threads) are the caller's: `main` sets them from
+    the config. On Ctrl-C or an error during the runs, the finished prompts are written (marked
+    partial), the message says how far it got, and the exception goes on."""
+    plan = plan or plan_bench(cfg, out_dir)
+    load_before = machine_load.load_average()
     target = instantiate(cfg.target)
+    # the loaded target is the authority (and the only source for loaders preview_target cannot read)
+    bench_checks.raise_problems(bench_checks.context_problems(
+        plan.prompts, target.tokenizer, target.max_context, int(cfg.max_new_tokens)))
     methods = build_methods(cfg, target)
-    prompts = select_prompts(cfg)
     curve_tokens = max([int(cfg.max_draft_tokens)]
                        + [type(m.decoder.drafter).verify_curve_tokens for m in methods if m.decoder and m.decoder.drafter])
     for tgt in {id(m.decoder.target): m.decoder.target for m in methods if m.decoder}.values():
         costs.verify_curve(tgt, curve_tokens)  # the one verify-cost model, measured before any timing
     sampling = methods[0].decoder.sampling  # type: ignore[union-attr]
-    reps = int(cfg.bench.repetitions)
-    records = []
-    bar = tqdm(total=len(prompts) * (reps + cfg.bench.warmup) * len(methods), desc="bench",
-               disable=not cfg.bench.progress)
-    for prompt in prompts:
-        ids = prompt.token_ids(target.tokenizer)
-        max_new = prompt.max_new_tokens or cfg.max_new_tokens
-        runs: dict[str, list[Run]] = defaultdict(list)
-        for rep in range(cfg.bench.warmup + reps):
-            shift = rep % len(methods)
-            for method in methods[shift:] + methods[:shift]:  # rotate to cancel drift
-                run = method.run(target, ids, max_new, sampling)
-                if rep >= cfg.bench.warmup:
-                    runs[method.name].append(run)
-                bar.update(1)
-        ar_runs = runs[AR]
-        step_s = {m.name: verify_seconds_by_k([r.stats for r in runs[m.name] if r.stats]).get(0, 0.0)
-                  for m in methods if m.name == m.baseline}
-        for method in methods:
-            rec = summarize(method, runs[method.name], ar_runs, step_s)
-            rec.update(prompt=prompt.id, category=prompt.category, hf_counterpart=method.hf_counterpart)
-            if not sampling.greedy:  # sampled outputs differ by design: there is nothing to compare
-                rec["greedy_match"] = None
-            if sampling.greedy and not rec["greedy_match"]:
-                print(f"\n!!! GREEDY MISMATCH: {method.name} on {prompt.id} differs from the "
-                      "autoregressive output !!!", file=sys.stderr)
-            records.append(rec)
+    reps, warmup = int(cfg.bench.repetitions), int(cfg.bench.warmup)
+    progress = Progress(len(plan.prompts) * (reps + warmup) * len(methods), len(plan.prompts))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in OUTPUTS:  # an earlier run's files (bench.overwrite=true): none may look like this run's
+        (out_dir / name).unlink(missing_ok=True)
+    records: list[dict[str, Any]] = []
+
+    def write(partial: bool) -> dict[str, Any]:
+        machine = machine_load.MachineLoad(os.cpu_count(), torch.get_num_threads(), load_before,
+                                           machine_load.load_average())
+        result = make_result(cfg, records, sampling.greedy, progress, machine, partial)
+        write_atomic(out_dir / "results.json", json.dumps(result, indent=1, default=str))
+        write_atomic(out_dir / "results.md", render_markdown(result))
+        return result
+
+    bar = tqdm(total=progress.runs_total, desc="bench", disable=not cfg.bench.progress)
+
+    def on_run() -> None:
+        progress.runs_done += 1
+        bar.update(1)
+
+    try:
+        for prompt in plan.prompts:
+            ids = prompt.token_ids(target.tokenizer)
+            max_new = prompt.max_new_tokens or int(cfg.max_new_tokens)
+            runs = time_prompt(methods, target, ids, max_new, sampling, warmup, reps, on_run)
+            records.extend(prompt_records(methods, runs, prompt, sampling.greedy))
+            progress.prompts_done += 1
+            write(partial=True)  # after every prompt: a killed run keeps what it did
+    except (KeyboardInterrupt, Exception) as err:
+        bar.close()
+        how = "interrupted" if isinstance(err, KeyboardInterrupt) else f"stopped by {type(err).__name__}"
+        try:
+            write(partial=True)
+            print(f"[bench] {how} after {progress.sentence()}; partial results in {out_dir}",
+                  file=sys.stderr)
+        except OSError as write_err:
+            print(f"[bench] {how} after {progress.sentence()}; the partial results could not be written "
+                  f"to {out_dir}: {write_err}", file=sys.stderr)
+        raise
     bar.close()
-    result = {
+    result = write(partial=False)
+    if cfg.bench.plots:
+        write_plots(result, out_dir)
+    return result
+
+
+def make_result(
+    cfg: DictConfig, records: list[dict[str, Any]], greedy: bool, progress: Progress,
+    machine: machine_load.MachineLoad, partial: bool,
+) -> dict[str, Any]:
+    """The results.json object of the records so far."""
+    return {
         "config": OmegaConf.to_container(cfg, resolve=True),
+        "partial": partial,
+        "progress": {"runs_done": progress.runs_done, "runs_total": progress.runs_total,
+                     "prompts_done": progress.prompts_done, "prompts_total": progress.prompts_total},
+        "machine": machine.to_json(),
         "records": records,
         "summary": aggregate(records),
         "peer_ratios": peer_ratios(records),
-        "greedy_mismatches": [
-            (r["method"], r["prompt"]) for r in records if sampling.greedy and not r["greedy_match"]
-        ],
+        "greedy_mismatches": [(r["method"], r["prompt"]) for r in records if greedy and not r["greedy_match"]],
     }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "results.json").write_text(json.dumps(result, indent=1, default=str))
-    md = render_markdown(result)
-    (out_dir / "results.md").write_text(md)
-    if cfg.bench.plots:
-        from specdraft.plots import write_plots
 
-        write_plots(result, out_dir)
-    return result
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace `path` by `text` in one step (a temporary file, then os.replace): a reader, or a run
+    killed mid-write, sees the old file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 # ----------------------------------------------------------------------------- tables
@@ -403,7 +509,15 @@ def render_markdown(result: dict[str, Any]) -> str:
     lines.append(f"# specdraft bench: {cfg['target'].get('name_or_path', 'target')}, "
                  f"suite {cfg['suite'].get('name') or cfg['suite'].get('path')}, "
                  f"num_draft_tokens={cfg['num_draft_tokens']}, max_new_tokens={cfg['max_new_tokens']}\n")
-    for cat in ["overall"] + sorted(c for c in result["summary"] if c != "overall"):
+    if result.get("partial"):
+        p = result["progress"]
+        lines.append(f"**PARTIAL:** {p['prompts_done']} of {p['prompts_total']} prompts complete "
+                     f"({p['runs_done']} of {p['runs_total']} runs); the tables hold the complete prompts only.\n")
+    for warning in result.get("machine", {}).get("warnings", []):
+        lines.append(f"**warning:** {warning}\n")
+    if not result["summary"]:
+        lines.append("No prompt completed.\n")
+    for cat in sorted(result["summary"], key=lambda c: (c != "overall", c)):
         lines.append(f"## {cat}\n")
         lines.append("| method | speedup vs AR | tok/s | acceptance | mean accepted length | "
                      "efficiency | overhead | greedy = AR |")
@@ -430,11 +544,14 @@ def render_markdown(result: dict[str, Any]) -> str:
 
 @hydra_cli("bench")
 def main(cfg: DictConfig) -> None:
+    out_dir = Path(HydraConfig.get().runtime.output_dir)
+    plan = plan_bench(cfg, out_dir)  # every problem at once, before any model loads
     if cfg.bench.threads:
         torch.set_num_threads(int(cfg.bench.threads))
-    out_dir = Path(HydraConfig.get().runtime.output_dir)
-    result = run_bench(cfg, out_dir)
+    result = run_bench(cfg, out_dir, plan)
     md = render_markdown(result)
     overall = md.split("\n## ")[1]  # the overall table (the first section)
     print("\n## " + overall)
+    for warning in result["machine"]["warnings"]:
+        print(f"[bench] warning: {warning}")
     print(f"[bench] results in {out_dir}")

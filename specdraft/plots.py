@@ -12,16 +12,19 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+# The files write_plots writes (the bench refuses to overwrite an earlier run's without bench.overwrite).
+PLOT_FILES = ("acceptance_per_position.png", "speedup_per_category.png", "measured_vs_predicted.png")
+
 
 def write_plots(result: dict[str, Any], out_dir: Path) -> list[Path]:
-    """Write the three plots into out_dir; returns their paths."""
+    """Write the three plots (PLOT_FILES) into out_dir; returns their paths."""
     records = [r for r in result["records"] if r.get("acceptance_per_position") is not None]
-    paths = [
-        _acceptance_per_position(records, out_dir / "acceptance_per_position.png"),
-        _speedup_per_category(result["summary"], out_dir / "speedup_per_category.png"),
-        _measured_vs_predicted(records, out_dir / "measured_vs_predicted.png"),
+    acceptance, speedup, predicted = (out_dir / name for name in PLOT_FILES)
+    return [
+        _acceptance_per_position(records, acceptance),
+        _speedup_per_category(result["summary"], speedup),
+        _measured_vs_predicted(records, predicted),
     ]
-    return paths
 
 
 def _acceptance_per_position(records: list[dict[str, Any]], path: Path) -> Path:

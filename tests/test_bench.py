@@ -159,18 +159,22 @@ def test_every_bad_setting_is_reported_at_once(
 ) -> None:
     suite = write_suite(tmp_path / "s.jsonl", [5, 5])
     cfg = bench_cfg(word_tokenizer_dir, suite, "bench.repetitions=0", "bench.warmup=-1", "max_new_tokens=0",
-                    "bench.limit=0", "bench.threads=two", "bench.peers=[hf_generate,vllm]",
-                    "bench.drafters=[ngram,nodrafter]", "bench.categories=[a,c]")
+                    "bench.limit=0", "bench.threads=two", "bench.peers=[hf_prompt_lookup,vllm]",
+                    "bench.hf_prompt_lookup_num_tokens=[3,0]",
+                    "bench.drafters=[ngram,nodrafter]", "bench.categories=[a,c]",
+                    "num_draft_tokens=many", "max_draft_tokens=-1")
     with pytest.raises(ValueError) as err:
         bench.plan_bench(cfg, tmp_path / "out")
     message = str(err.value)
     for sentence in ("bench.repetitions=0 must be an integer >= 1", "bench.warmup=-1 must be an integer >= 0",
                      "max_new_tokens=0 must be an integer >= 1", "bench.limit=0 must be an integer >= 1",
                      "bench.threads='two' must be an integer >= 1", "unknown peer(s) 'vllm' in bench.peers",
+                     "bench.hf_prompt_lookup_num_tokens=0 must be an integer >= 1",
                      "bench.drafters: unknown drafter config 'nodrafter'",
-                     "unknown category 'c' in bench.categories; suite", "has a, b."):
+                     "unknown category 'c' in bench.categories; suite", "has a, b.",
+                     "num_draft_tokens must be an integer >= 0", "max_draft_tokens must be an integer >= 0"):
         assert sentence in message, sentence
-    assert "8 problems" in message and model_loads == []
+    assert "11 problems" in message and model_loads == []
     missing = bench_cfg(word_tokenizer_dir, tmp_path / "nope.jsonl", "bench.warmup=-1")
     with pytest.raises(ValueError, match="(?s)2 problems.*warmup=-1.*neither a built-in suite"):
         bench.plan_bench(missing, tmp_path / "out")
@@ -227,7 +231,8 @@ def test_limit_and_categories_select_in_suite_order(tmp_path: Path) -> None:
     prompts = load_suite(write_suite(tmp_path / "s.jsonl", [1, 2, 3, 4, 5]))
     assert [p.id for p in bench_checks.select_prompts(prompts, [], 2)] == ["p1", "p2", "p3", "p4"]
     assert [p.id for p in bench_checks.select_prompts(prompts, ["b"], None)] == ["p2", "p4"]
-    assert bench_checks.names("qa") == ["qa"] and bench_checks.names(None) == []
+    assert bench_checks.names("qa") == ["qa"] and bench_checks.names(None) == []  # bench.categories=qa
+    assert bench_checks.values(OmegaConf.create({"k": [3, 5]}).k) == [3, 5]
 
 
 # ----------------------------------------------------------------------------- was the bench alone?
@@ -250,3 +255,11 @@ def test_more_threads_than_cores_is_reported() -> None:
     assert "torch runs 4 threads on 2 cores" in warning and "bench.threads=2" in warning
     both = MachineLoad(cpu_count=2, threads=4, load_before=(3.0, 2.0, 1.0), load_after=(7.0, 5.0, 2.0))
     assert len(both.warnings()) == 2 and both.to_json()["warnings"] == both.warnings()
+
+
+@pytest.mark.slow
+def test_the_default_target_is_previewed_without_its_weights(hydra_conf: None, default_target: Any) -> None:
+    preview, problems = bench_checks.preview_target(compose("bench").target)
+    assert problems == [] and preview is not None and preview.max_context == default_target.max_context
+    prompt = load_suite("quick")[0]
+    assert prompt.token_ids(preview.tokenizer) == prompt.token_ids(default_target.tokenizer)

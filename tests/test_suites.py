@@ -153,6 +153,16 @@ def test_malformed_line_names_file_and_line(tmp_path: Path, bad_line: str, probl
         load_suite(path)
 
 
+def test_every_malformed_line_is_reported_at_once(tmp_path: Path) -> None:
+    path = _write_lines(tmp_path / "bad.jsonl", [
+        "{not json", json.dumps(GOOD_CHAT), json.dumps({"id": "x", "prompt": "p"}), json.dumps(GOOD_CHAT)])
+    with pytest.raises(ValueError) as err:
+        load_suite(path)
+    assert [line.split(": ")[0].rsplit(", ", 1)[1] for line in str(err.value).splitlines()] == [
+        "line 1", "line 3", "line 4"]
+    assert "missing field `category`" in str(err.value) and "duplicate id 'a'" in str(err.value)
+
+
 def test_unknown_suite_and_empty_file(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="neither a built-in suite"):
         load_suite("no-such-suite")

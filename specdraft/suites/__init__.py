@@ -12,8 +12,8 @@ Spec-Bench, written by `benchmarks/make_builtin_suite.py`; "quick": its first tw
 categories, for `make demo`); any other name is read as a file path. The shipped drafters' training
 prompts were built in the builtin suite's categories, so for them it is in-distribution: judge a
 trained drafter on a held-out suite of your own as well (docs/ARCHITECTURE.md, evaluation).
-Every malformed line raises a `ValueError` naming the file, the line number and the problem, so a
-user's own suite fails before any model is loaded.
+Malformed lines raise one `ValueError` naming the file, each bad line's number and its problem, so a
+user's own suite fails, whole, before any model is loaded.
 """
 
 from __future__ import annotations
@@ -86,8 +86,8 @@ class SuitePrompt:
         return record
 
 
-def _line_error(source: str, line_no: int, problem: str) -> ValueError:
-    return ValueError(f"{source}, line {line_no}: {problem}")
+def _line_error(source: str, line_no: int, problem: str) -> str:
+    return f"{source}, line {line_no}: {problem}"
 
 
 def _parse_messages(value: Any) -> tuple[ChatMessage, ...]:
@@ -142,8 +142,12 @@ def parse_record(record: Any) -> SuitePrompt:
 
 
 def parse_suite(lines: Iterable[str], source: str) -> list[SuitePrompt]:
-    """Parse JSONL lines (blank lines skipped); errors name `source` and the 1-based line number."""
+    """Parse JSONL lines (blank lines skipped); errors name `source` and the 1-based line number.
+
+    Every malformed line is reported, one per line of the ValueError's message, so a user fixes
+    the whole file in one go."""
     prompts: list[SuitePrompt] = []
+    problems: list[str] = []
     first_line: dict[str, int] = {}
     for line_no, line in enumerate(lines, start=1):
         if not line.strip():
@@ -151,19 +155,24 @@ def parse_suite(lines: Iterable[str], source: str) -> list[SuitePrompt]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as err:
-            raise _line_error(source, line_no, f"invalid JSON ({err.msg}); fix the line") from None
+            problems.append(_line_error(source, line_no, f"invalid JSON ({err.msg}); fix the line"))
+            continue
         try:
             prompt = parse_record(record)
         except ValueError as err:
-            raise _line_error(source, line_no, f"{err}; fix the line") from None
+            problems.append(_line_error(source, line_no, f"{err}; fix the line"))
+            continue
         if prompt.id in first_line:
-            raise _line_error(
+            problems.append(_line_error(
                 source, line_no,
                 f"duplicate id {prompt.id!r} (first on line {first_line[prompt.id]}); "
                 "ids must be unique",
-            )
+            ))
+            continue
         first_line[prompt.id] = line_no
         prompts.append(prompt)
+    if problems:
+        raise ValueError("\n".join(problems))
     if not prompts:
         raise ValueError(f"{source} holds no prompts; add one JSON object per line.")
     return prompts
