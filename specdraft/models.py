@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from transformers import PreTrainedModel
 
 from specdraft.target import TargetModel
@@ -117,6 +117,11 @@ def load_model(
 def load_tokenizer(name_or_path: str):  # noqa: ANN201 - a transformers tokenizer
     """The tokenizer that belongs to `name_or_path` (same resolution rules as `load_model`)."""
     return _from_pretrained(AutoTokenizer, resolve_source(name_or_path))
+
+
+def load_model_config(name_or_path: str):  # noqa: ANN201 - a transformers PretrainedConfig
+    """The model's config alone (no weights; same resolution rules as `load_model`)."""
+    return _from_pretrained(AutoConfig, resolve_source(name_or_path))
 
 
 def load_target(
