@@ -46,11 +46,12 @@ SHIPPED_DRAFT = "smollm2-135m/draft"  # the default `model`: the distilled draft
 
 
 def load_draft(
-    model: str | Path | nn.Module, target_model: PreTrainedModel
+    model: str | Path | nn.Module, target: TargetModel
 ) -> tuple[PreTrainedModel, Path | None, object | None]:
     """Resolve `model` to (draft module, the directory whose `pruned_vocab.json` belongs to it or
     None, its tokenizer or None). Draft artifacts (shipped `<alias>/<artifact>` names or exported
-    directories) are rebuilt from `target_model`; anything else goes through `specdraft.models`."""
+    directories) are rebuilt from `target` (a clear error when they were made for another target);
+    anything else goes through `specdraft.models`."""
     if isinstance(model, nn.Module):
         return model, None, None
     if not isinstance(model, (str, Path)):
@@ -58,9 +59,9 @@ def load_draft(
     name = str(model)
     art = resolve_artifact(name)
     if art is not None and is_draft_artifact(art):
-        return load_draft_artifact(art, target_model), art, None
+        return load_draft_artifact(art, target), art, None
     src = resolve_source(name)  # raises a clear ValueError for unknown names / missing paths
-    weight = target_model.get_output_embeddings().weight
+    weight = target.lm_head.weight
     draft = load_model(name, device=weight.device, dtype=weight.dtype)
     try:
         tok = load_tokenizer(name)
@@ -72,7 +73,7 @@ def load_draft(
 def load_draft_hf_model(name: str | Path | nn.Module, target: TargetModel) -> PreTrainedModel:
     """The draft as a plain Hugging Face `PreTrainedModel` with a full-vocabulary head, e.g. for
     `target.model.generate(..., assistant_model=load_draft_hf_model("smollm2-135m/draft", t))`."""
-    draft, _, _ = load_draft(name, target.model)
+    draft, _, _ = load_draft(name, target)
     return draft.to(target.device).eval()
 
 
@@ -145,7 +146,7 @@ class DraftModelDrafter:
     # ------------------------------------------------------------------------------ binding
     def bind(self, target: TargetModel) -> None:
         """Load/rebuild the draft next to the target, check the vocabulary, build the head."""
-        draft, vocab_dir, draft_tok = load_draft(self.model_spec, target.model)
+        draft, vocab_dir, draft_tok = load_draft(self.model_spec, target)
         head_weight = draft.get_output_embeddings().weight  # [V_draft, H]
         if head_weight.shape[0] != target.vocab_size:
             raise ValueError(

@@ -29,7 +29,13 @@ import torch
 from torch import Tensor
 
 from specdraft.draft_loop import draft_autoregressively
-from specdraft.formats.exit_adapter import ExitAdapter, exit_head, exit_hidden, load_adapter
+from specdraft.formats.exit_adapter import (
+    ExitAdapter,
+    check_adapter_target,
+    exit_head,
+    exit_hidden,
+    load_adapter,
+)
 from specdraft.protocol import Draft, DraftContext
 from specdraft.shipped import require_artifact
 from specdraft.vocab import AUTO, PrunedVocab, resolve_pruned_vocab
@@ -102,9 +108,11 @@ class EarlyExitDrafter:
         pruned_vocab: str | Path | PrunedVocab | None = AUTO,
     ) -> None:
         self.adapter: ExitAdapter | None = None
+        self.adapter_meta: dict = {}  # adapter_config.json (the target it was trained for, how)
         self.adapter_dir = resolve_adapter(adapter)
         if self.adapter_dir is not None:
             self.adapter, meta = load_adapter(self.adapter_dir)
+            self.adapter_meta = meta
             trained_at = int(meta["exit_layer"])
             if exit_layer is not None and exit_layer != trained_at:
                 raise ValueError(
@@ -130,20 +138,17 @@ class EarlyExitDrafter:
         return {"assistant_early_exit": self.exit_layer}
 
     def bind(self, target: TargetModel) -> None:
-        """Check the split point and the adapter's size against the target; move the adapter."""
+        """Check the target (the one the adapter was trained for, the split point); move the adapter."""
         if not target.supports_layer_split:
             raise ValueError("early exit needs a Llama-style target (embed_tokens/layers/norm/rotary_emb).")
+        if self.adapter_dir is not None:
+            check_adapter_target(self.adapter_dir, self.adapter_meta, target)
         if self.exit_layer > target.num_layers:
             raise ValueError(
                 f"exit_layer={self.exit_layer} but the target has {target.num_layers} layers; "
                 f"choose 1 <= exit_layer <= {target.num_layers}."
             )
         if self.adapter is not None:
-            if self.adapter.hidden_size != target.hidden_size:
-                raise ValueError(
-                    f"the exit adapter expects hidden size {self.adapter.hidden_size}, the target has "
-                    f"{target.hidden_size}; use an adapter trained for this target."
-                )
             self.adapter.to(device=target.device, dtype=target.lm_head.weight.dtype)
         vocab = resolve_pruned_vocab(self.pruned_vocab_spec, self.adapter_dir, target.vocab_size)
         self.vocab = vocab.to(target.device) if vocab is not None else None

@@ -40,6 +40,7 @@ from specdraft.formats.medusa_heads import (
     HeadAccuracy,
     MedusaHeads,
     base_heads,
+    check_heads_target,
     load_accuracy,
     load_heads,
     resolve_heads_dir,
@@ -99,8 +100,9 @@ class MedusaDrafter:
 
     # ------------------------------------------------------------------ protocol
     def bind(self, target: TargetModel) -> None:
-        """Load the heads onto the target's lm_head (heads attached in memory are kept). Does no
-        timing: a tree "auto" is sized for this target on the first proposal."""
+        """Load the heads onto the target's lm_head (heads attached in memory are kept), after
+        checking that they were trained for this target. Does no timing: a tree "auto" is sized
+        for this target on the first proposal."""
         self._target = target
         weight = target.lm_head.weight
         if self._compiled is not None and self._compiled.weights[0] is weight:
@@ -109,6 +111,7 @@ class MedusaDrafter:
         if self.heads_source is None:
             model: nn.Module = MedusaHeads(weight, num_heads=self.num_heads or 3)
         else:
+            check_heads_target(self.heads_source, target)  # a named error, not a size mismatch
             model = load_heads(self.heads_source, weight, target.model.get_input_embeddings().weight)
         self.attach(model)
 

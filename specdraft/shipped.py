@@ -45,3 +45,11 @@ def require_artifact(spec: str | Path, kind: str, default: str | None = None) ->
             f"{', '.join(shipped_names())}. Train your own with the specdraft-train-* commands."
         )
     return found
+
+
+def artifact_label(path: str | Path) -> str:
+    """How messages name an artifact directory: `<alias>/<artifact>` when shipped, else its path."""
+    resolved = Path(path).expanduser().resolve()
+    if resolved.parent.parent == ARTIFACTS_DIR:
+        return f"{resolved.parent.name}/{resolved.name}"
+    return str(path)

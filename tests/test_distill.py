@@ -10,9 +10,9 @@ import pytest
 import torch
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
-from transformers import AutoModelForCausalLM
-
+from omegaconf import OmegaConf
 from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
 
 from specdraft.formats.draft import build_student, load_draft_artifact
 from specdraft.models import tiny_random_target
@@ -29,7 +29,7 @@ from specdraft.train.distill import (
 )
 from specdraft.train.early_exit import precompute_teacher
 from specdraft.train.losses import distill_loss
-from specdraft.train.selfgen import SELFGEN_DIR, generate_batch, load_selfgen_records, run_selfgen
+from specdraft.train.selfgen import generate_batch, load_selfgen_records, run_selfgen
 from specdraft.train.selfgen_prompts import build_prompts
 from specdraft.vocab import VOCAB_FILE, PrunedVocab
 
@@ -67,7 +67,7 @@ def test_recipe_runs_loss_goes_down_and_checkpoint_loads(target_and_data: tuple,
     assert 0.0 <= last["greedy_agreement"] <= 1.0
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
     assert hf.config.num_hidden_layers == 1
-    draft = load_draft_artifact(tmp_path / "artifact", target.model)
+    draft = load_draft_artifact(tmp_path / "artifact", target)
     assert PrunedVocab.load(tmp_path / "artifact" / VOCAB_FILE).size == 48 and draft.config.num_hidden_layers == 1
     meta = json.loads((tmp_path / "artifact" / "draft.json").read_text())
     assert meta["layer_ids"] in ([0], [2]) and len(meta["init_candidates"]) == 2
@@ -96,7 +96,9 @@ def test_recipe_resumes_exactly_from_checkpoint(
         run(cfg, target=target)
     monkeypatch.undo()
     assert torch.load(tmp_path / "resumed" / "ckpt.pt", weights_only=False)["step"] == 5
-    run(cfg, target=target)
+    with pytest.raises(FileExistsError, match="overwrite=true"):  # its folder is not empty now
+        run(cfg, target=target)
+    run({**cfg, "overwrite": True}, target=target)  # resumes from the ckpt.pt there
     whole = tiny_cfg(tmp_path / "whole", steps=8)
     whole["data"]["sequences"] = [seqs]
     run(whole, target=target)
@@ -248,6 +250,8 @@ def test_selfgen_yaml_repeats_the_run_selfgen_defaults() -> None:
     params = {k: p.default for k, p in inspect.signature(run_selfgen).parameters.items()}
     assert set(cfg) - {"threads"} == set(params)
     assert cfg.target.name_or_path == params.pop("target")  # the target group, as in every recipe
-    assert cfg.out_dir is None and params.pop("out_dir") == SELFGEN_DIR  # null = the shipped data
+    # the output has no library default; the CLI writes under its run directory, never into the package
+    assert params.pop("out_dir") is inspect.Parameter.empty
+    assert OmegaConf.to_container(cfg)["out_dir"].startswith("${hydra:runtime.output_dir}/")
     assert list(cfg.kinds) == list(params.pop("kinds"))
-    assert {k: v for k, v in cfg.items() if k in params} == params
+    assert {k: v for k, v in OmegaConf.to_container(cfg).items() if k in params} == params

@@ -16,7 +16,15 @@ from specdraft.models import tiny_random_target
 from specdraft.target import TargetModel
 from specdraft.vocab import VOCAB_FILE, PrunedVocab
 from specdraft.formats.exit_adapter import ExitAdapter, exit_logits, load_adapter, save_adapter
-from specdraft.train.early_exit import agreement, losses, precompute_teacher, run, train_adapter, train_sample
+from specdraft.train.early_exit import (
+    agreement,
+    losses,
+    precompute_teacher,
+    run,
+    teacher_cache_dir,
+    train_adapter,
+    train_sample,
+)
 from specdraft.train.loop import TrainSettings
 
 
@@ -197,3 +205,18 @@ def test_distill_loss_treats_tokens_outside_the_vocabulary_either_way() -> None:
     row0, row1 = -logq[0, 0], -(p[1] * logq[1, [2, 3]]).sum()
     torch.testing.assert_close(distill_loss(logits, top_logits, outside), (row0 + row1) / 2)
     torch.testing.assert_close(distill_loss(logits, top_logits, outside, renormalize=False), (p[0, 0] * row0 + row1) / 3)
+
+
+def test_the_teacher_cache_is_named_after_the_target() -> None:
+    """target=... gets its own cache (the default target's name, and so its cache, is unchanged)."""
+    GlobalHydra.instance().clear()
+    with initialize_config_module(version_base="1.3", config_module="conf"):
+        default = compose("train_early_exit", overrides=["cache_dir=/c"])
+        tiny = compose("train_early_exit", overrides=["cache_dir=/c", "target=tiny_random"])
+        hub = compose("train_early_exit", overrides=["cache_dir=/c", "target=hf", "target.name_or_path=org/model"])
+        named = compose("train_early_exit", overrides=["cache_dir=/c", "target=tiny_random", "cache_name=mine"])
+    GlobalHydra.instance().clear()
+    assert teacher_cache_dir(default) == Path("/c/smollm2-135m_E6_T256_k32")
+    assert teacher_cache_dir(tiny).name.startswith("specdraft.models.tiny_random_target_")
+    assert teacher_cache_dir(hub).name.startswith("org--model_")
+    assert teacher_cache_dir(named).name.startswith("mine_")

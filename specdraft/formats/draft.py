@@ -5,11 +5,12 @@ few of its decoder layers (trained), a copy of its final norm (trained) and an l
 embeddings. The artifact stores only what the target does not have:
 
     <dir>/draft.safetensors   decoder layers + final norm, float16 (`new_weights`)
-    <dir>/draft.json          {"layer_ids": [...], ...how it was made}
+    <dir>/draft.json          {"layer_ids": [...], "target_model": {the target's record}, ...how it was made}
     <dir>/pruned_vocab.json   the head's pruned vocabulary (`specdraft.vocab.VOCAB_FILE`)
 
-`load_draft_artifact` rebuilds the draft from the target it was distilled from. Used by
-`drafters.draft_model` (loading) and `specdraft.train.distill` (saving).
+`load_draft_artifact` rebuilds the draft from the target it was distilled from, after checking that
+the target is one the draft was made for (`specdraft.formats.target_info`: hidden size, vocabulary
+and tokenizer). Used by `drafters.draft_model` (loading) and `specdraft.train.distill` (saving).
 """
 
 from __future__ import annotations
@@ -18,14 +19,24 @@ import copy
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from transformers import LlamaForCausalLM, PreTrainedModel
 
+from specdraft.formats.target_info import (
+    DRAFT_KEYS,
+    check_target,
+    from_shapes,
+    read_record,
+)
+from specdraft.shipped import artifact_label
 from specdraft.vocab import VOCAB_FILE, PrunedVocab
+
+if TYPE_CHECKING:
+    from specdraft.target import TargetModel
 
 ARTIFACT_FILE = "draft.safetensors"
 META_FILE = "draft.json"
@@ -97,10 +108,24 @@ def draft_layer_ids(export_dir: str | Path) -> list[int]:
     return [int(i) for i in json.loads((Path(export_dir) / META_FILE).read_text())["layer_ids"]]
 
 
-def load_draft_artifact(export_dir: str | Path, target_model: PreTrainedModel) -> LlamaForCausalLM:
+def draft_record(export_dir: str | Path) -> dict[str, Any]:
+    """The target a saved draft was made for: its draft.json record, or (a draft saved before
+    records existed) the hidden size of its final norm and its pruned vocabulary's size."""
+    d = Path(export_dir)
+    return read_record(d / META_FILE) or from_shapes(
+        d / ARTIFACT_FILE, hidden=lambda name: name == "model.norm.weight", vocab_file=d / VOCAB_FILE)
+
+
+def check_draft_target(export_dir: str | Path, target: TargetModel) -> None:
+    """A ValueError naming both targets when `target` is not one the draft was made for."""
+    check_target(draft_record(export_dir), target, artifact_label(export_dir), DRAFT_KEYS,
+                 fix="Use a draft distilled from this target (specdraft-train-draft target=... export_dir=...).")
+
+
+def load_draft_artifact(export_dir: str | Path, target: TargetModel) -> LlamaForCausalLM:
     """Rebuild a draft saved by `save_draft_artifact` from the target it was distilled from, on the
-    target's device and dtype. Its pruned vocabulary (`VOCAB_FILE` beside it) is read by
-    `specdraft.vocab.resolve_pruned_vocab`."""
+    target's device and dtype (a clear error first if `target` is another model). Its pruned
+    vocabulary (`VOCAB_FILE` beside it) is read by `specdraft.vocab.resolve_pruned_vocab`."""
     d = Path(export_dir)
     for name in (ARTIFACT_FILE, META_FILE):
         if not (d / name).is_file():
@@ -108,6 +133,8 @@ def load_draft_artifact(export_dir: str | Path, target_model: PreTrainedModel) -
                 f"draft artifact {str(d)!r} has no {name}; train one with `specdraft-train-draft "
                 f"export_dir={d}` or pass an existing draft."
             )
+    check_draft_target(d, target)
+    target_model = target.model
     student = build_student(target_model, draft_layer_ids(d))
     weights = load_file(str(d / ARTIFACT_FILE))
     dtype = target_model.get_input_embeddings().weight.dtype

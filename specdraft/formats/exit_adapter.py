@@ -3,8 +3,9 @@ on layer E's hidden state), its files, and the exit's hidden states and logits. 
 `drafters.early_exit` (drafting) and `specdraft.train.early_exit` (training and saving).
 
 An adapter directory holds `adapter.safetensors` (weights), `adapter_config.json` (constructor
-arguments, the exit layer and how it was trained) and, when it was trained on a pruned vocabulary,
-`specdraft.vocab.VOCAB_FILE` (pruned_vocab.json).
+arguments, the exit layer, the target it was trained for under "target_model"
+(`specdraft.formats.target_info`) and how it was trained) and, when it was trained on a pruned
+vocabulary, `specdraft.vocab.VOCAB_FILE` (pruned_vocab.json).
 
 A context adapter (`context=True`) also reads the final-layer (post-norm) hidden state of the
 position before: for the first draft token of a round that is the target's own, free from the
@@ -21,6 +22,10 @@ from typing import TYPE_CHECKING
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
+
+from specdraft.formats.target_info import EXIT_KEYS, RECORD_KEY, check_target
+from specdraft.shipped import artifact_label
+from specdraft.vocab import VOCAB_FILE
 
 if TYPE_CHECKING:
     from specdraft.target import TargetModel
@@ -106,6 +111,25 @@ def load_adapter(directory: str | Path) -> tuple[ExitAdapter, dict]:
     adapter = ExitAdapter(**meta["adapter"])
     adapter.load_state_dict(load_file(str(path / ADAPTER_FILE)))
     return adapter.eval(), meta
+
+
+def adapter_record(directory: str | Path, meta: dict) -> dict:
+    """The target an adapter was trained for: its adapter_config.json record, or (an adapter saved
+    before records existed) its hidden size and its pruned vocabulary's size."""
+    if isinstance(meta.get(RECORD_KEY), dict):
+        return dict(meta[RECORD_KEY])
+    record = {"hidden_size": int(meta["adapter"]["hidden_size"])}
+    vocab_file = Path(directory) / VOCAB_FILE
+    if vocab_file.is_file():
+        record["vocab_size"] = int(json.loads(vocab_file.read_text())["vocab_size"])
+    return record
+
+
+def check_adapter_target(directory: str | Path, meta: dict, target: TargetModel) -> None:
+    """A ValueError naming both targets when `target` is not one the adapter was trained for
+    (hidden size, vocabulary, number of layers)."""
+    check_target(adapter_record(directory, meta), target, artifact_label(directory),
+                 EXIT_KEYS, fix="Use an adapter trained for this target (specdraft-train-early-exit target=...).")
 
 
 def exit_hidden(target: TargetModel, hidden: Tensor, adapter: ExitAdapter | None = None,

@@ -22,13 +22,15 @@ On disk (written by `specdraft-train-medusa`, `save_heads`), a directory with
 
     adapter_config.json, adapter_model.safetensors   the PEFT adapter (blocks + LoRA factors)
     medusa_config.json                              the heads' architecture (`MedusaHeads.architecture`)
+                                                    and the target they were trained for ("target_model",
+                                                    `specdraft.formats.target_info`)
     accuracy.json                                   held-out per-head rank accuracies (choose the tree)
     pruned_vocab.json                               optional pruned vocabulary (`specdraft.vocab.VOCAB_FILE`)
     provenance.json, README.md                      how the heads were made
 
 `load_heads` rebuilds `MedusaHeads` on the target's own lm_head (and input embedding), so no weight
-of the target is stored twice. Used by `drafters.medusa` (loading) and `specdraft.train.medusa`
-(saving).
+of the target is stored twice; `check_heads_target` first checks that the target is one the heads
+were trained for. Used by `drafters.medusa` (loading) and `specdraft.train.medusa` (saving).
 """
 
 from __future__ import annotations
@@ -37,16 +39,28 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from specdraft.shipped import require_artifact
+from specdraft.formats.target_info import (
+    HEADS_KEYS,
+    RECORD_KEY,
+    check_target,
+    from_shapes,
+    read_record,
+)
+from specdraft.shipped import artifact_label, require_artifact
+from specdraft.vocab import VOCAB_FILE
+
+if TYPE_CHECKING:
+    from specdraft.target import TargetModel
 
 HEADS_CONFIG = "medusa_config.json"  # the heads' architecture, next to the PEFT adapter
 ADAPTER_CONFIG = "adapter_config.json"  # written by PEFT's save_pretrained
+WEIGHTS_FILE = "adapter_model.safetensors"  # written by PEFT's save_pretrained
 ACCURACY_FILE = "accuracy.json"  # per-head rank accuracies on held-out data (the tree is grown from them)
 DEFAULT_ARTIFACT = "medusa"  # a bare target alias names <alias>/medusa (specdraft.shipped)
 
@@ -176,21 +190,25 @@ def recurrent_state(block: nn.Module, token_block: nn.Module, embed: Tensor, sta
 
 # ------------------------------------------------------------------------------- files
 def save_heads(peft_model: nn.Module, out_dir: str | Path, provenance: Mapping[str, Any],
-               dtype: torch.dtype = torch.float32) -> None:
+               dtype: torch.dtype = torch.float32, target: Mapping[str, Any] | None = None) -> None:
     """Save the PEFT adapter (adapter_config.json + adapter_model.safetensors), the heads'
-    architecture and a JSON of how they were made. dtype: the stored weights' (float16 halves the
-    file; loading casts back to the heads' float32)."""
+    architecture (with `target`, the record of the target they were trained for:
+    `specdraft.formats.target_info.target_info`) and a JSON of how they were made. dtype: the stored
+    weights' (float16 halves the file; loading casts back to the heads' float32)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     peft_model.save_pretrained(str(out))
     if dtype != torch.float32:
         from safetensors.torch import load_file, save_file
 
-        weights = out / "adapter_model.safetensors"
+        weights = out / WEIGHTS_FILE
         stored = {k: v.to(dtype) if v.is_floating_point() else v for k, v in load_file(weights).items()}
         save_file(stored, weights, metadata={"format": "pt"})
         weights.chmod(0o644)
-    (out / HEADS_CONFIG).write_text(json.dumps(base_heads(peft_model).architecture(), indent=2) + "\n")
+    config: dict[str, Any] = dict(base_heads(peft_model).architecture())
+    if target is not None:
+        config[RECORD_KEY] = dict(target)
+    (out / HEADS_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
     (out / "provenance.json").write_text(json.dumps(provenance, indent=2) + "\n")
     (out / "README.md").write_text(  # replaces PEFT's generic model card
         "# Medusa heads (PEFT adapter)\n\nLoad with `drafters.medusa.MedusaDrafter(heads=<this dir>)` "
@@ -220,11 +238,28 @@ def load_heads(heads: str | Path, lm_head_weight: Tensor, embed_weight: Tensor |
     from peft import PeftModel
 
     path = resolve_heads_dir(heads)
-    arch = json.loads((path / HEADS_CONFIG).read_text())
+    arch = {k: v for k, v in json.loads((path / HEADS_CONFIG).read_text()).items() if k != RECORD_KEY}
     base = MedusaHeads(lm_head_weight, embed_weight=embed_weight, **arch)
     peft_model = PeftModel.from_pretrained(base, str(path))
     peft_model.eval()
     return peft_model
+
+
+def heads_record(heads_dir: str | Path) -> dict[str, Any]:
+    """The target saved heads were trained for: their medusa_config.json record, or (heads saved
+    before records existed) the hidden and vocabulary sizes of their projection weights."""
+    d = Path(heads_dir)
+    return read_record(d / HEADS_CONFIG) or from_shapes(
+        d / WEIGHTS_FILE, hidden=lambda name: "lm_heads." in name and "lora_B" not in name,
+        vocab=lambda name: "lm_heads." in name and "lora_A" not in name, vocab_file=d / VOCAB_FILE)
+
+
+def check_heads_target(heads: str | Path, target: TargetModel) -> None:
+    """A ValueError naming both targets when `target` is not one the heads were trained for
+    (hidden size, vocabulary), before any weight is loaded."""
+    path = resolve_heads_dir(heads)
+    check_target(heads_record(path), target, artifact_label(path), HEADS_KEYS,
+                 fix="Use heads trained for this target (specdraft-train-medusa target=...).")
 
 
 @dataclass(frozen=True)

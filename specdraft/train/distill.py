@@ -21,8 +21,11 @@ Recipe (full-vocabulary KL is too slow on CPU, so everything works on a pruned v
 `run` is the steps in order: load_data -> build_vocab -> evaluation_sets -> choose_student ->
 train_student -> export. Output (`out_dir`): `ckpt.pt` (resumable), `hf/` (`save_pretrained`, loads
 with `AutoModelForCausalLM.from_pretrained`, includes the pruned vocabulary), `draft.json` (the
-summary), and, with `export_dir`, the shipped artifact (`specdraft.formats.draft`: only the NEW
-weights, float16, + `pruned_vocab.json` + `draft.json`), which the drafter rebuilds from the target.
+summary, with the target's record), and, with `export_dir`, the shipped artifact
+(`specdraft.formats.draft`: only the NEW weights, float16, + `pruned_vocab.json` + `draft.json`),
+which the drafter rebuilds from the target. `out_dir` is by default a folder under Hydra's run
+directory; a non-empty `out_dir` / `export_dir` is written only with `overwrite=true` (which also
+resumes a ckpt.pt there), checked before the target loads (`specdraft.train.outputs`).
 """
 
 from __future__ import annotations
@@ -41,8 +44,8 @@ from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 from transformers import LlamaForCausalLM, PreTrainedModel
 
-from specdraft.console import hydra_cli
 from specdraft.build import target_label
+from specdraft.console import hydra_cli
 from specdraft.data import corpus_documents, token_blocks
 from specdraft.formats.draft import (
     META_FILE,
@@ -52,11 +55,13 @@ from specdraft.formats.draft import (
     load_draft_artifact,
     save_draft_artifact,
 )
+from specdraft.formats.target_info import RECORD_KEY, guard_cache, target_info
 from specdraft.shipped import require_artifact
 from specdraft.target import TargetModel
 from specdraft.train.early_exit import cached_top_k, load_blocks
 from specdraft.train.loop import TrainLog, TrainSettings, train
 from specdraft.train.losses import distill_loss
+from specdraft.train.outputs import prepare_output_dir
 from specdraft.train.selfgen import load_selfgen_records, load_selfgen_sequences
 from specdraft.vocab import VOCAB_FILE, PrunedVocab, build_pruned_vocab
 
@@ -105,7 +110,7 @@ def teacher_examples(
         logits = target.forward(ids.to(target.device)).logits.float().cpu()  # [B, T, V]
         top = torch.topk(logits, top_k, dim=-1)
         for row, i in enumerate(chunk):
-            pos = torch.arange(starts[i], len(sequences[i]))
+            pos = torch.arange(min(starts[i], len(sequences[i])), len(sequences[i]))  # none if cut before the start
             out[i] = Example(sequences[i], pos, top.values[row, pos].half(), top.indices[row, pos])
         n += sum(len(sequences[i]) for i in chunk)
         if log_every and (b // batch_size) % log_every == 0:
@@ -485,7 +490,7 @@ def choose_student(
     untrained candidate of `student.init_candidates`."""
     init = init_from_dir(cfg)
     if init is not None:
-        layer_ids, student = draft_layer_ids(init), load_draft_artifact(init, target.model)
+        layer_ids, student = draft_layer_ids(init), load_draft_artifact(init, target)
         results = [{"init_from": str(init), "layer_ids": layer_ids, **evaluate_all(student, vocab, evals)}]
     else:
         layer_ids, results = choose_init(target.model, cfg["student"]["init_candidates"], vocab, evals)
@@ -514,9 +519,14 @@ def run(cfg: Mapping[str, Any], target: TargetModel | None = None) -> dict:
     summary written to draft.json. `target` may be injected (tests use a tiny random one)."""
     t0 = time.time()
     settings = TrainSettings.from_config(cfg["train"])  # checked before any teacher pass
+    overwrite = bool(cfg.get("overwrite", False))
+    prepare_output_dir(cfg["out_dir"], overwrite, "out_dir")  # before the target loads
+    if cfg.get("export_dir"):
+        prepare_output_dir(cfg["export_dir"], overwrite, "export_dir")
     target = target or instantiate(cfg["target"])
     for p in target.model.parameters():
         p.requires_grad_(False)
+    guard_cache(cfg["data"].get("teacher_cache"), target, "data.teacher_cache")
     data = load_data(cfg, target)
     vocab = build_vocab(cfg, target, data)
     evals = evaluation_sets(target, data, vocab)
@@ -525,8 +535,10 @@ def run(cfg: Mapping[str, Any], target: TargetModel | None = None) -> dict:
                         int(cfg["seed"]), Path(cfg["out_dir"]) / "ckpt.pt", log=bool(cfg.get("log", True)))
     final = evaluate_all(student, vocab, evals)
     losses = [row["loss"] for row in log.history if "loss" in row]
+    name = target_label(cfg["target"]) if isinstance(cfg["target"], Mapping) else str(cfg["target"])
     summary = {
-        "target": target_label(cfg["target"]) if isinstance(cfg["target"], Mapping) else str(cfg["target"]),
+        "target": name,
+        RECORD_KEY: target_info(target, name),
         "command": cfg.get("command", ""),
         "init_candidates": init_results,
         "pruned_vocab_size": vocab.size,

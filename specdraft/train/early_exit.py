@@ -15,10 +15,15 @@ resumed run sees the batches an uninterrupted one would), so a killed background
 `adapter.context=true` trains a context adapter (`ExitAdapter(context=True)`): it also reads the
 target's final-layer hidden state of the position before, cached with the rest.
 
+The adapter goes to `out_dir`: by default a folder under Hydra's run directory; a non-empty one (as
+the shipped adapter's folder below) only with `overwrite=true`, checked before the target loads
+(`specdraft.train.outputs`). It records its target (`specdraft.formats.target_info`); so does the
+teacher cache, named after the target unless `cache_name` is set.
+
     specdraft-train-early-exit exit_layer=6 adapter.context=true "sources=[selfgen,stdlib,pydoc]" \
         train_tokens=3200000 eval_tokens=4096 train.max_steps=60000 train.max_minutes=35 threads=2 \
         pruned_vocab=specdraft/artifacts/smollm2-135m/draft/pruned_vocab.json \
-        out_dir=specdraft/artifacts/smollm2-135m/early_exit
+        out_dir=specdraft/artifacts/smollm2-135m/early_exit overwrite=true
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 import sys
 from pathlib import Path
 
@@ -34,11 +40,20 @@ from omegaconf import DictConfig
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from specdraft.build import target_label
 from specdraft.console import hydra_cli
-from specdraft.formats.exit_adapter import ExitAdapter, exit_head, exit_hidden, exit_logits, save_adapter
+from specdraft.formats.exit_adapter import (
+    ExitAdapter,
+    exit_head,
+    exit_hidden,
+    exit_logits,
+    save_adapter,
+)
+from specdraft.formats.target_info import RECORD_KEY, guard_cache, target_info
 from specdraft.target import TargetModel
 from specdraft.train.loop import Evaluate, TrainLog, TrainSettings, train
 from specdraft.train.losses import distill_loss
+from specdraft.train.outputs import prepare_output_dir
 from specdraft.vocab import VOCAB_FILE, PrunedVocab, resolve_pruned_vocab
 
 log = logging.getLogger(__name__)
@@ -236,12 +251,19 @@ def eval_groups(sources: list[str]) -> list[list[str]]:
     return [g for g in (["selfgen"] if "selfgen" in sources else [], corpus) if g]
 
 
+def cache_name(cfg) -> str:  # noqa: ANN001 - an OmegaConf DictConfig
+    """The teacher cache's name: cfg.cache_name, else the target's (its name_or_path, e.g.
+    smollm2-135m, or its loader's name), made safe for a folder name."""
+    name = cfg.get("cache_name") or target_label(cfg.target)
+    return re.sub(r"[^A-Za-z0-9._+-]+", "--", str(name)).strip("-")
+
+
 def teacher_cache_dir(cfg) -> Path:  # noqa: ANN001 - an OmegaConf DictConfig
     """Where the recipe caches layer-E hidden states and teacher top-k for this config. Shards are
     blocks of the same token stream, so a larger train_tokens reuses them."""
     sources = "" if list(cfg.sources) == ["stdlib", "pydoc"] else "_" + "+".join(cfg.sources)
     return Path(cfg.cache_dir).expanduser() / (
-        f"{cfg.cache_name}{sources}_E{cfg.exit_layer}_T{cfg.block_size}_k{cfg.top_k}"
+        f"{cache_name(cfg)}{sources}_E{cfg.exit_layer}_T{cfg.block_size}_k{cfg.top_k}"
     )
 
 
@@ -281,9 +303,11 @@ def run(cfg) -> dict:  # noqa: ANN001 - an OmegaConf DictConfig
     from hydra.utils import instantiate
 
     settings = TrainSettings.from_config(cfg.train)
+    prepare_output_dir(cfg.out_dir, bool(cfg.get("overwrite", False)))  # before the target loads
     target: TargetModel = instantiate(cfg.target)
     if not 1 <= cfg.exit_layer < target.num_layers:
         raise ValueError(f"exit_layer must be in [1, {target.num_layers - 1}] for this target, got {cfg.exit_layer}.")
+    guard_cache(teacher_cache_dir(cfg), target)
     train_data, held_by = teacher_sets(cfg, target)
     held = {k: torch.cat([h[k] for h in held_by.values()]) for k in next(iter(held_by.values()))}
     vocab = resolve_pruned_vocab(cfg.pruned_vocab, None, target.vocab_size)
@@ -307,7 +331,8 @@ def run(cfg) -> dict:  # noqa: ANN001 - an OmegaConf DictConfig
                                        "trained": agreement(target, adapter, h, vocab=vocab)}
                                 for name, h in held_by.items()}
         log.info("per held-out source: %s", metrics["by_source"])
-    meta = {"exit_layer": int(cfg.exit_layer), "target": str(cfg.target.get("name_or_path", "")),
+    meta = {"exit_layer": int(cfg.exit_layer), "target": target_label(cfg.target),
+            RECORD_KEY: target_info(target, target_label(cfg.target)),
             "command": "specdraft-train-early-exit " + " ".join(sys.argv[1:]),
             "train_tokens": int(train_data["hidden"].shape[0]), "eval": metrics,
             "steps_run": trained.step, "stopped_by_budget": trained.stopped_by_budget,  # train.max_minutes ran out

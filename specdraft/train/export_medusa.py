@@ -20,13 +20,16 @@ format=medusa: the FasterDecoding/Medusa head file medusa_lm_head.safetensors wi
     config.json with medusa_num_heads / medusa_num_layers / base_model_name_or_path (its
     MedusaConfig; from_pretrained loads the base model from that name).
 
+A non-empty `out_dir` is refused unless `overwrite=true`, and the folder is checked writable before
+the target loads (`specdraft.train.outputs`); heads trained for another target are a clear error
+(`specdraft.formats.medusa_heads.check_heads_target`).
+
     specdraft-export-medusa format=vllm heads=smollm2-135m out_dir=outputs/medusa_vllm   (conf/export_medusa.yaml)
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import torch
@@ -36,9 +39,14 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from drafters.medusa_forms import CompiledHeads
-from specdraft.console import hydra_cli
 from specdraft.build import target_label
-from specdraft.formats.medusa_heads import load_heads, resolve_heads_dir
+from specdraft.console import hydra_cli
+from specdraft.formats.medusa_heads import (
+    check_heads_target,
+    load_heads,
+    resolve_heads_dir,
+)
+from specdraft.train.outputs import prepare_output_dir
 
 FORMATS = ("vllm", "medusa")
 HUB_IDS = {"smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct"}  # aliases -> the base model's hub id
@@ -79,16 +87,16 @@ def merged_heads(model: nn.Module) -> tuple[list[list[tuple[Tensor, Tensor]]], l
 
 def export(model: nn.Module, out_dir: str | Path, fmt: str = "vllm",
            dtype: torch.dtype = torch.float32, topk: int = 10, max_paths: int = 64,
-           base_model: str | None = None) -> Path:
+           base_model: str | None = None, overwrite: bool = False) -> Path:
     """Write the heads of `model` (PEFT-wrapped or plain MedusaHeads) in format `fmt`.
-    base_model: the target's hub id or path, recorded for FasterDecoding's loader."""
+    base_model: the target's hub id or path, recorded for FasterDecoding's loader. overwrite:
+    write into a non-empty out_dir (else FileExistsError)."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}.")
+    out = prepare_output_dir(out_dir, overwrite)
     blocks, projections = merged_heads(model)
     num_heads, num_layers = len(blocks), len(blocks[0])
     vocab, hidden = projections[0].shape
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, Tensor] = {}
     for i, (head, proj) in enumerate(zip(blocks, projections)):
         for j, (w, b) in enumerate(head):
@@ -131,22 +139,23 @@ def export_from_config(cfg: DictConfig) -> Path:
     if cfg.format not in FORMATS:  # before loading the target
         raise ValueError(f"format must be one of {FORMATS}, got {cfg.format!r}.")
     heads = resolve_heads_dir(cfg.heads)  # before loading the target
-    source = instantiate(cfg.target).model
+    overwrite = bool(cfg.get("overwrite", False))
+    prepare_output_dir(cfg.out_dir, overwrite)  # before loading the target (export checks again)
+    target = instantiate(cfg.target)
+    check_heads_target(heads, target)
+    source = target.model
     model = load_heads(heads, source.get_output_embeddings().weight, source.get_input_embeddings().weight)
     name = target_label(cfg.target)
     base = HUB_IDS.get(name, name)
     return export(model, cfg.out_dir, cfg.format, getattr(torch, cfg.dtype), topk=cfg.topk,
-                  max_paths=cfg.max_paths, base_model=base)
+                  max_paths=cfg.max_paths, base_model=base, overwrite=overwrite)
 
 
 @hydra_cli("export_medusa")
 def main(cfg: DictConfig) -> None:
-    """`specdraft-export-medusa format=vllm heads=DIR|ALIAS out_dir=DIR`."""
-    try:
-        path = export_from_config(cfg)
-    except ValueError as err:  # bad heads/target/format: the message names the problem and the fix
-        print(f"specdraft-export-medusa: error: {err}", file=sys.stderr)
-        sys.exit(2)
+    """`specdraft-export-medusa format=vllm heads=DIR|ALIAS out_dir=DIR` (a user error: one
+    `error:` line, exit 2, from `specdraft.console.hydra_cli`)."""
+    path = export_from_config(cfg)
     print(f"wrote {cfg.format} Medusa heads to {path}")
 
 

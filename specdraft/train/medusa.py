@@ -19,10 +19,13 @@ projections (`lora_config`). The steps run through the one training skeleton
 (`specdraft.train.loop.train`: schedule, time budget `train.max_minutes`, resumable checkpoint,
 progress bar); each step's batch is drawn from the step number alone, so a resumed run sees the
 batches an uninterrupted one would. Output (`specdraft.formats.medusa_heads`): a PEFT adapter
-directory + medusa_config.json + provenance.json (how it was made) + accuracy.json (per-head top-k
-accuracies, which choose the candidate tree) + pruned_vocab.json.
+directory + medusa_config.json (with the target's record) + provenance.json (how it was made) +
+accuracy.json (per-head top-k accuracies, which choose the candidate tree) + pruned_vocab.json, in
+`out_dir`: by default a folder under Hydra's run directory; a non-empty one (e.g. the shipped heads'
+folder) only with `overwrite=true`, checked before the target loads (`specdraft.train.outputs`). The
+hidden-state cache records its target too (`specdraft.formats.target_info.guard_cache`).
 
-    specdraft-train-medusa                      # the shipped heads (see conf/train_medusa.yaml)
+    specdraft-train-medusa                      # the shipped heads' recipe (see conf/train_medusa.yaml)
     specdraft-train-medusa stage=precompute     # only fill the hidden-state cache
 """
 
@@ -36,7 +39,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import hydra
 import torch
 import torch.nn.functional as F
 from hydra.utils import instantiate
@@ -45,11 +47,14 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from drafters.medusa_forms import CompiledHeads
+from specdraft.build import target_label
 from specdraft.console import hydra_cli
 from specdraft.formats.medusa_heads import MedusaHeads, save_accuracy, save_heads
+from specdraft.formats.target_info import guard_cache, target_info
 from specdraft.target import TargetModel
 from specdraft.train.loop import TrainLog, TrainSettings
 from specdraft.train.loop import train as train_loop
+from specdraft.train.outputs import prepare_output_dir
 from specdraft.vocab import VOCAB_FILE, PrunedVocab, build_pruned_vocab
 
 TOPK_STATS = 10  # accuracy of each head's rank-0..9 candidates (chooses the tree)
@@ -166,6 +171,10 @@ def _states(target: TargetModel, shard: list[tuple[Tensor, int]]) -> dict[str, T
 def stdlib_sequences(tokenizer: object, split: str, tokens: int, block_size: int) -> list[tuple[Tensor, int]]:
     """Blocks of the stdlib corpus (`specdraft.data`) as (ids, 0)."""
     from specdraft.data import corpus_documents, token_blocks
+
+    if tokenizer is None:
+        raise ValueError("the stdlib training and held-out sets (data.stdlib_tokens, data.eval_tokens) are text: "
+                         "they need the target's tokenizer, and this target has none; load it with its tokenizer.")
 
     docs = corpus_documents(split, sources=("stdlib",))
     random.Random(0).shuffle(docs)
@@ -394,11 +403,17 @@ def concat(sets: Sequence[HiddenSet]) -> HiddenSet:
     )
 
 
-def run(cfg: DictConfig, target: TargetModel) -> dict:
-    """Precompute and/or train as cfg.stage says; returns the evaluation results."""
+def run(cfg: DictConfig, target: TargetModel | None = None) -> dict:
+    """Precompute and/or train as cfg.stage says; returns the evaluation results. The output folder
+    is checked before `target` (default: cfg.target, instantiated here) loads."""
     if cfg.stage not in ("precompute", "train", "all"):
         raise ValueError(f"stage must be precompute, train or all, got {cfg.stage!r}.")
+    TrainSettings.from_config(cfg.train)  # a bad train: group is an error before any work
+    if cfg.stage != "precompute":
+        prepare_output_dir(cfg.out_dir, bool(cfg.get("overwrite", False)))
     t_start = time.time()
+    target = target if target is not None else instantiate(cfg.target)
+    guard_cache(cfg.cache_dir, target, "cache_dir")
     evals = load_data(cfg, target, "eval")
     trains = load_data(cfg, target, "train")
     if not trains:
@@ -408,7 +423,6 @@ def run(cfg: DictConfig, target: TargetModel) -> dict:
     repeat = {"selfgen": int(cfg.data.selfgen_repeat)}  # oversample the target's own generations
     train_set = concat([ds for name, ds in trains.items() for _ in range(repeat.get(name, 1))])
     out_dir = Path(cfg.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     vocab = None
     if cfg.pruned_vocab > 0:  # the most frequent target choices (+ EOS) of the training data
         vocab = build_pruned_vocab(train_set.choice, cfg.pruned_vocab, target.vocab_size,
@@ -429,7 +443,8 @@ def run(cfg: DictConfig, target: TargetModel) -> dict:
         "wall_seconds": round(time.time() - t_start, 1),
         **log,
     }
-    save_heads(model, out_dir, provenance, dtype=getattr(torch, cfg.get("save_dtype", "float32")))
+    save_heads(model, out_dir, provenance, dtype=getattr(torch, cfg.get("save_dtype", "float32")),
+               target=target_info(target, target_label(cfg.target)))
     save_accuracy(out_dir, results)
     print(f"[medusa] saved {out_dir}", flush=True)
     return results
@@ -437,14 +452,13 @@ def run(cfg: DictConfig, target: TargetModel) -> dict:
 
 @hydra_cli("train_medusa")
 def main(cfg: DictConfig) -> None:
-    """Hydra entry point: load the target, then precompute / train / save."""
+    """Hydra entry point: check the output folder, load the target, then precompute / train / save."""
     from hydra.core.hydra_config import HydraConfig
 
     torch.set_num_threads(cfg.threads)
     OmegaConf.set_struct(cfg, False)
     cfg.overrides = list(HydraConfig.get().overrides.task)
-    target = instantiate(cfg.target)
-    run(cfg, target)
+    run(cfg)
 
 
 if __name__ == "__main__":

@@ -12,10 +12,12 @@ Output, reusable by every recipe (draft model, Medusa heads, early-exit adapter)
                             captured during generation for free (a teacher cache for distillation)
 
 Generation is batched (Hugging Face `generate`, left padding; batch 16-32 is far faster per token
-than batch 1 on CPU) and resumable: prompts already in the JSONL are skipped.
+than batch 1 on CPU) and resumable: prompts already in the JSONL are skipped. By default a run writes
+a fresh folder under Hydra's run directory; continuing an existing JSONL (e.g. adding templated kinds
+to the shipped one) names its folder and says so (`overwrite=true`, `specdraft.train.outputs`).
 
     specdraft-selfgen num_prompts=1200 batch_size=24 max_new_tokens=160   (conf/selfgen.yaml)
-    python -m specdraft.train.selfgen "kinds=[math,code_edit]" cache_dir=outputs/selfgen_topk
+    python -m specdraft.train.selfgen "kinds=[math,code_edit]" out_dir=outputs/selfgen overwrite=true
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from specdraft.console import hydra_cli
 from specdraft.models import load_target, load_tokenizer
 from specdraft.shipped import ARTIFACTS_DIR
 from specdraft.target import TargetModel
+from specdraft.train.outputs import prepare_output_dir
 from specdraft.train.selfgen_prompts import (
     Prompt,
     build_prompts,
@@ -124,7 +127,8 @@ def generate_batch(
 
 def run_selfgen(
     target: str | TargetModel = "smollm2-135m",
-    out_dir: str | Path = SELFGEN_DIR,
+    *,
+    out_dir: str | Path,
     cache_dir: str | Path | None = None,
     num_prompts: int = 1200,
     batch_size: int = 24,
@@ -133,17 +137,21 @@ def run_selfgen(
     seed: int = 0,
     max_minutes: float | None = None,
     kinds: Sequence[str] = (),
+    overwrite: bool = False,
 ) -> Path:
     """Generate (or resume) the self-distillation JSONL; top-k teacher shards go to cache_dir.
 
     `kinds` empty: the first `num_prompts` of `build_prompts`. Otherwise every templated prompt of
     those kinds (`selfgen_prompts`; "followup" = a next turn after each generated "advice" or "revise"
     answer, so generate "advice" first), shortest first, so that a batch wastes little padding.
-    max_minutes: stop after the batch that passes this wall-clock budget (None = none; resumable)."""
+    max_minutes: stop after the batch that passes this wall-clock budget (None = none; resumable).
+    overwrite: write into a non-empty out_dir / cache_dir (a selfgen.jsonl there is continued);
+    without it such a folder is refused before the target loads (`prepare_output_dir`)."""
     if batch_size < 1 or max_new_tokens < 1:
         raise ValueError(f"batch_size and max_new_tokens must be >= 1, got {batch_size} and {max_new_tokens}.")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_output_dir(out_dir, overwrite, "out_dir")
+    if cache_dir is not None:
+        prepare_output_dir(cache_dir, overwrite, "cache_dir")
     path = out / SELFGEN_FILE
     records = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
     done = {r["id"] for r in records}
@@ -213,10 +221,16 @@ def main(cfg: DictConfig) -> None:
     """`specdraft-selfgen` / `python -m specdraft.train.selfgen` (Hydra, conf/selfgen.yaml):
     generate the self-distillation data (resumable)."""
     torch.set_num_threads(int(cfg.threads))
-    run_selfgen(
-        instantiate(cfg.target), cfg.out_dir or SELFGEN_DIR, cfg.cache_dir, int(cfg.num_prompts), int(cfg.batch_size),
-        int(cfg.max_new_tokens), int(cfg.top_k), int(cfg.seed), cfg.max_minutes, tuple(cfg.kinds or ()),
+    overwrite = bool(cfg.overwrite)
+    prepare_output_dir(cfg.out_dir, overwrite, "out_dir")  # before the target loads (run_selfgen checks again)
+    if cfg.cache_dir is not None:
+        prepare_output_dir(cfg.cache_dir, overwrite, "cache_dir")
+    path = run_selfgen(
+        instantiate(cfg.target), out_dir=cfg.out_dir, cache_dir=cfg.cache_dir, num_prompts=int(cfg.num_prompts),
+        batch_size=int(cfg.batch_size), max_new_tokens=int(cfg.max_new_tokens), top_k=int(cfg.top_k),
+        seed=int(cfg.seed), max_minutes=cfg.max_minutes, kinds=tuple(cfg.kinds or ()), overwrite=overwrite,
     )
+    print(f"[selfgen] wrote {path}", flush=True)
 
 
 if __name__ == "__main__":
