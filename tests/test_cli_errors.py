@@ -35,17 +35,32 @@ def nonempty_dir(tmp_path: Path) -> Path:
     return folder
 
 
-# One bad value per console script, each caught before any model loads.
+# One bad value per console script, each caught before any model loads ({taken}: a non-empty folder).
 CASES = {
     "specdraft-generate": (["sampling.temperature=abc"], "sampling.temperature must be a number"),
     "specdraft-bench": (["bench.repetitions=0"], "bench.repetitions=0 must be an integer >= 1"),
+    "specdraft-check": (["num_samples=0"], "num_samples"),
+    "specdraft-train-draft": (["out_dir={taken}"], "overwrite=true"),
+    "specdraft-train-medusa": (["out_dir={taken}"], "overwrite=true"),
+    "specdraft-train-early-exit": (["out_dir={taken}"], "overwrite=true"),
+    "specdraft-selfgen": (["out_dir={taken}"], "overwrite=true"),
+    "specdraft-export-medusa": (["out_dir={taken}"], "overwrite=true"),
 }
+
+
+def test_every_console_script_is_covered() -> None:
+    import tomllib
+
+    scripts = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["scripts"]
+    assert set(scripts) == set(CASES)
 
 
 @pytest.mark.parametrize("script", sorted(CASES))
 def test_a_bad_value_is_one_error_line_and_exit_2(script: str, tmp_path: Path) -> None:
     args, needle = CASES[script]
-    assert_one_error_line(run([script, *TINY, *args], tmp_path), needle)
+    taken = nonempty_dir(tmp_path)
+    out = run([script, *TINY, *(a.format(taken=taken) for a in args)], tmp_path)
+    assert_one_error_line(out, needle)
 
 
 def test_a_prompt_hydra_cannot_parse_gets_the_quoting_hint(tmp_path: Path) -> None:
