@@ -7,8 +7,13 @@ What makes it fast (each kept because benchmarks/verify_cost.py showed it pays o
 - q/k/v and gate/up are fused into one matrix each (fewer, larger products);
 - the KV cache is preallocated and written in place (no `torch.cat` per layer per forward), and a
   rollback only moves a length: nothing is copied;
-- grouped-query attention goes to `scaled_dot_product_attention(enable_gqa=True)` with a boolean
-  mask, instead of materialising repeated K/V heads whenever a mask is needed.
+- grouped-query attention goes to `scaled_dot_product_attention(enable_gqa=True)`, instead of
+  materialising repeated K/V heads; a verify forward (a few positions after a long cache) stacks
+  the query heads of each K/V head as rows of one attention (`_grouped_attention`), since the
+  CPU kernel's cost there is in multiplying few rows at a time;
+- a prefill (empty cache) uses SDPA's causal mode, which skips the masked half of the blocks, and
+  a continuation's mask is built once per forward as an additive float mask (`continuation_mask`),
+  so nothing per layer or per round scales with the context except the attention itself.
 On CUDA (or when oneDNN is missing) the projections fall back to `F.linear` on the fused weights.
 The Hugging Face model is left untouched (drafters and peers still use it); the packed copies cost
 one extra copy of the weights in memory.
@@ -71,6 +76,18 @@ class PackedLinear:
             rows = torch.cat([rows, rows.new_zeros(_MIN_ROWS - n, rows.shape[1])])  # [4, I]
         y = torch.ops.mkldnn._linear_pointwise(rows, self.weight, self.bias, "none", [], "")  # [N|4, O]
         return y[:n].view(*x.shape[:-1], self.out_features)
+
+
+def continuation_mask(past: int, k: int, dtype: torch.dtype, device: torch.device, groups: int = 1) -> Tensor:
+    """Additive mask [groups * k, past + k] for k new positions after `past` cached ones: 0 where
+    query i may look (every cached position and block positions <= i), -inf elsewhere; row
+    r is query r % k (the layout of `FastStack._grouped_attention`, which stacks the `groups` query
+    heads of one K/V head). Built once per forward in the dtype SDPA adds (a boolean or a
+    repeated mask would be converted or copied again in every layer)."""
+    query = torch.arange(groups * k, device=device) % k  # [g*k]
+    cols = torch.arange(past + k, device=device)  # [past + k]
+    allowed = cols[None] <= (past + query)[:, None]  # [g*k, past + k]
+    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, float("-inf"))
 
 
 def _fused(modules: Sequence[nn.Linear]) -> PackedLinear:
@@ -184,6 +201,7 @@ class FastStack:
         self.eps = float(config.rms_norm_eps)
         self.num_heads = int(config.num_attention_heads)
         self.kv_heads = int(config.num_key_value_heads)
+        self.group = self.num_heads // self.kv_heads  # query heads per K/V head
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.num_heads)
         self.scaling = self.head_dim**-0.5
         self.layers = [
@@ -260,25 +278,41 @@ class FastStack:
         if position_ids is None:
             position_ids = torch.arange(first_position, first_position + k, device=hidden.device)[None]  # [1, k]
         mask = attention_mask
-        if mask is None and k > 1:  # query i sees every cached position and block positions <= i
-            cols = torch.arange(past + k, device=hidden.device)  # [past + k]
-            mask = cols[None] <= (past + torch.arange(k, device=hidden.device))[:, None]  # [k, past + k]
+        causal = mask is None and k > 1 and past == 0  # a prefill: SDPA's is_causal skips masked blocks
+        grouped = mask is None and k > 1 and past > 0 and self.group > 1
+        if mask is None and k > 1 and past > 0:  # query i sees every cached position and block positions <= i
+            groups = self.group if grouped else 1
+            mask = continuation_mask(past, k, hidden.dtype, hidden.device, groups)  # [g*k, past + k], all layers
         cos, sin = self.rotary_emb(hidden, position_ids=position_ids)  # [B|1, k, D] each
         kv = self.kv
 
         def attend(i: int, q: Tensor, key: Tensor, val: Tensor) -> Tensor:
             keys, values = kv.append(i, key, val)  # [B, kvh, past + k, D]
-            return self._attention(q, keys, values, mask)
+            if grouped:
+                return self._grouped_attention(q, keys, values, mask)
+            return self._attention(q, keys, values, mask, causal)
 
         for i in range(start, end):
             hidden = self._layer(i, hidden, cos, sin, attend)
         return hidden
 
-    def _attention(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
-        """q [B, nh, k, D] over keys/values [B, kvh, S, D] (grouped heads, no repeat) -> [B, nh, k, D]."""
+    def _attention(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None,
+                   causal: bool = False) -> Tensor:
+        """q [B, nh, k, D] over keys/values [B, kvh, S, D] (grouped heads, no repeat) -> [B, nh, k, D].
+        causal: q and keys are the same k positions (S == k), causally masked."""
         return F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, scale=self.scaling, enable_gqa=self.kv_heads != self.num_heads
+            q, keys, values, attn_mask=mask, is_causal=causal, scale=self.scaling, enable_gqa=self.group > 1
         )
+
+    def _grouped_attention(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
+        """A few new positions after the cache (verification): the `group` query heads that share
+        a K/V head become rows of one attention over it, so the kernel multiplies group * k rows
+        at a time instead of k and reads each cached K/V once per K/V head. The same values as
+        `_attention` (each row's softmax is its own). mask: [group * k, S] from `continuation_mask`."""
+        batch, _, k, dim = q.shape
+        rows = q.reshape(batch, self.kv_heads, self.group * k, dim)  # [B, kvh, g*k, D]: heads are kv-major
+        out = F.scaled_dot_product_attention(rows, keys, values, attn_mask=mask, scale=self.scaling)
+        return out.view(batch, self.num_heads, k, dim)  # [B, nh, k, D]
 
     def _layer(self, i: int, hidden: Tensor, cos: Tensor, sin: Tensor,
                attend: Callable[[int, Tensor, Tensor, Tensor], Tensor]) -> Tensor:

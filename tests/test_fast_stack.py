@@ -8,6 +8,7 @@ from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel
 
 from drafters.ngram import NGramDrafter
 from specdraft.decode import SpeculativeDecoder
+from specdraft.fast_stack import continuation_mask
 from specdraft.models import tiny_random_llama, tiny_random_target
 from specdraft.sampling import SamplingConfig
 from specdraft.target import TargetModel
@@ -38,7 +39,8 @@ def test_default_is_fast_for_llama_and_plain_stays_available() -> None:
 
 
 def test_logits_match_plain_forward_through_verify_and_rollback() -> None:
-    """k = 1..16 new positions after arbitrary earlier verify + rollback sequences."""
+    """k = 1..16 new positions after arbitrary earlier verify + rollback sequences (k > 1: the
+    grouped verify attention, 4 query heads over 2 K/V heads)."""
     target = gqa_target()
     gen = torch.Generator().manual_seed(0)
     committed = torch.randint(0, 16, (9,), generator=gen).tolist()
@@ -77,6 +79,28 @@ def test_buffer_grows_past_its_first_capacity() -> None:
     target.forward(torch.tensor([ids[:250]]), num_logits=0)
     out = target.forward(torch.tensor([ids[250:]]))  # crosses 256
     torch.testing.assert_close(out.logits, reference_logits(target, ids, 50), rtol=1e-4, atol=1e-4)
+
+
+def test_continuation_mask_opens_the_cache_and_the_block_causally() -> None:
+    mask = continuation_mask(2, 3, torch.float32, torch.device("cpu"))  # [3, 5]
+    inf = float("-inf")
+    want = torch.tensor([[0, 0, 0, inf, inf], [0, 0, 0, 0, inf], [0, 0, 0, 0, 0]])
+    assert torch.equal(mask, want)
+    grouped = continuation_mask(2, 3, torch.float32, torch.device("cpu"), groups=2)  # [6, 5]
+    assert torch.equal(grouped, torch.cat([want, want]))
+
+
+def test_a_prompt_prefilled_at_once_or_in_pieces_gives_the_same_logits() -> None:
+    """A prefill (empty cache: SDPA's causal mode) and a continuation (explicit mask) agree."""
+    target = gqa_target()
+    ids = torch.randint(0, 16, (1, 40), generator=torch.Generator().manual_seed(4))
+    target.reset()
+    whole = target.forward(ids).logits  # [1, 40, V]
+    target.reset()
+    first = target.forward(ids[:, :25]).logits
+    rest = target.forward(ids[:, 25:]).logits
+    torch.testing.assert_close(torch.cat([first, rest], dim=1), whole, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(whole, reference_logits(target, ids[0].tolist(), 40), rtol=1e-4, atol=1e-4)
 
 
 def test_context_overflow_is_a_clear_error() -> None:
