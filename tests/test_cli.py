@@ -13,7 +13,7 @@ import pytest
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 
-from specdraft.check import run_check
+from specdraft.check import Verdict, run_check
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -91,14 +91,24 @@ def _check_cfg(sampler: str):  # noqa: ANN202
     with initialize_config_module(config_module="conf", version_base="1.3"):
         return compose("check", overrides=[
             "target=tiny_random", "target.vocab_size=16", "target.tokenizer=null",
-            "drafter=ngram", "sampling=sample", "num_samples=600", "prompt_ids=[1,2,3,1,2]",
+            "drafter=ngram", "sampling=sample", "prompt_ids=[1,2,3,1,2]",
             "progress=false", f"sampler.path={sampler}",
         ])
 
 
-def test_check_passes_real_verifier_and_fails_broken_one() -> None:
-    assert run_check(_check_cfg("specdraft.verify.rejection_sample"))
-    assert not run_check(_check_cfg("tests.test_verify.always_accept"))
+def test_check_fails_the_packaged_broken_verifier_at_the_default_n() -> None:
+    """The negative control as a user runs it from an installed package (the real verifier's PASS
+    and the other broken verifiers: tests/test_check.py)."""
+    assert run_check(_check_cfg("specdraft.check.broken.always_accept")) is Verdict.FAIL
+    GlobalHydra.instance().clear()
+
+
+def test_check_refuses_a_k_it_cannot_audit_before_loading_a_model() -> None:
+    cfg = _check_cfg("specdraft.verify.rejection_sample")
+    cfg.num_draft_tokens = "auto"
+    cfg.target._target_ = "no.such.target"  # never reached
+    with pytest.raises(ValueError, match="fixed num_draft_tokens >= 1"):
+        run_check(cfg)
     GlobalHydra.instance().clear()
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from drafters.ngram import NGramDrafter
+from specdraft.check.broken import always_accept
 from specdraft.decode import SpeculativeDecoder
 from specdraft.models import tiny_random_llama
 from specdraft.sampling import SamplingConfig
@@ -17,7 +18,6 @@ from tests.helpers import (
     pooled_chisquare,
     sample_two_tokens,
 )
-from tests.test_verify import always_accept
 
 N = 2000
 PROMPT = [1, 2, 3, 1, 2]

@@ -1,5 +1,6 @@
 """The verifier at the function level: exactness of greedy_verify, statistical losslessness of
-rejection_sample on hand-built distributions, and negative controls that MUST fail the same test.
+rejection_sample on hand-built distributions, and negative controls (the packaged broken verifiers
+of specdraft.check.broken) that MUST fail the same test.
 
 For each case we draw N = 200k rounds in one vectorised call. Every emitted position j (bonus
 included) must be distributed as p_j: position j's token depends only on draft token j and uniform
@@ -16,6 +17,7 @@ import pytest
 import torch
 from torch import Tensor
 
+from specdraft.check.broken import always_accept, bonus_wrong_position, resample_from_p
 from specdraft.sampling import SamplingConfig, sample, warp
 from specdraft.verify import VerifyResult, greedy_verify, rejection_sample
 from tests.helpers import pooled_chisquare
@@ -156,23 +158,6 @@ def test_never_accepts_zero_probability_token() -> None:
 
 
 # --------------------------------------------------------------------------------- controls
-def always_accept(draft: Tensor, q: Tensor | None, p: Tensor, gen: torch.Generator) -> VerifyResult:
-    n = torch.full((draft.shape[0],), draft.shape[1], dtype=torch.long)
-    return VerifyResult(num_accepted=n, next_token=sample(p[:, -1], gen))
-
-
-def resample_from_p(draft: Tensor, q: Tensor | None, p: Tensor, gen: torch.Generator) -> VerifyResult:
-    res = rejection_sample(draft, q, p, gen)
-    from_p = sample(p[torch.arange(len(draft)), res.num_accepted], gen)
-    return VerifyResult(res.num_accepted, torch.where(res.num_accepted < draft.shape[1], from_p, res.next_token))
-
-
-def bonus_wrong_position(draft: Tensor, q: Tensor | None, p: Tensor, gen: torch.Generator) -> VerifyResult:
-    res = rejection_sample(draft, q, p, gen)
-    wrong = sample(p[:, -2], gen)
-    return VerifyResult(res.num_accepted, torch.where(res.num_accepted == draft.shape[1], wrong, res.next_token))
-
-
 @pytest.mark.parametrize("broken", [always_accept, resample_from_p, bonus_wrong_position])
 def test_negative_controls_fail(broken: Sampler) -> None:
     p, q, _ = case("peaked")
