@@ -1,5 +1,6 @@
 """PNG plots of a bench result: acceptance per position, speedup per category, measured vs
-predicted speedup. Uses matplotlib's Agg backend (no display needed)."""
+predicted speedup. Figures are drawn with matplotlib's object API straight to PNG files: no display is
+needed and the process's pyplot backend is left alone (a notebook that imports the bench still shows plots)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure
 
 # The files write_plots writes (the bench refuses to overwrite an earlier run's without bench.overwrite).
 PLOT_FILES = ("acceptance_per_position.png", "speedup_per_category.png", "measured_vs_predicted.png")
@@ -32,7 +30,8 @@ def _acceptance_per_position(records: list[dict[str, Any]], path: Path) -> Path:
     for r in records:
         if r["acceptance_per_position"]:
             pooled[r["method"]].append(r["acceptance_per_position"])
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
     for method, rows in pooled.items():
         width = max(len(x) for x in rows)
         mean = [sum(x[i] for x in rows if i < len(x)) / max(1, sum(i < len(x) for x in rows))
@@ -43,14 +42,14 @@ def _acceptance_per_position(records: list[dict[str, Any]], path: Path) -> Path:
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return path
 
 
 def _speedup_per_category(summary: dict[str, dict[str, Any]], path: Path) -> Path:
     cats = sorted(c for c in summary if c != "overall") + ["overall"]
     methods = sorted({m for c in cats for m in summary[c]})
-    fig, ax = plt.subplots(figsize=(max(6, len(cats) * 1.2), 4))
+    fig = Figure(figsize=(max(6, len(cats) * 1.2), 4))
+    ax = fig.subplots()
     width = 0.8 / max(1, len(methods))
     for i, m in enumerate(methods):
         ys = [summary[c].get(m, {}).get("speedup") or 0.0 for c in cats]
@@ -61,12 +60,12 @@ def _speedup_per_category(summary: dict[str, dict[str, Any]], path: Path) -> Pat
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return path
 
 
 def _measured_vs_predicted(records: list[dict[str, Any]], path: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(5, 5))
+    fig = Figure(figsize=(5, 5))
+    ax = fig.subplots()
     by_method: dict[str, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
     for r in records:
         if r.get("predicted_speedup") and r.get("speedup"):
@@ -82,5 +81,4 @@ def _measured_vs_predicted(records: list[dict[str, Any]], path: Path) -> Path:
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return path
