@@ -49,6 +49,7 @@ from specdraft import bench_checks, costs, machine_load, theory
 from specdraft.build import drafter_config, make_decoder, make_drafter
 from specdraft.console import hydra_cli
 from specdraft.decode import SpeculativeDecoder
+from specdraft.files import write_text_atomically
 from specdraft.plots import PLOT_FILES, write_plots
 from specdraft.stats import GenerationStats
 from specdraft.suites import SuitePrompt
@@ -381,8 +382,8 @@ def run_bench(cfg: DictConfig, out_dir: Path, plan: BenchPlan | None = None) -> 
         machine = machine_load.MachineLoad(os.cpu_count(), torch.get_num_threads(), load_before,
                                            machine_load.load_average())
         result = make_result(cfg, records, sampling.greedy, progress, machine, partial)
-        write_atomic(out_dir / "results.json", json.dumps(result, indent=1, default=str))
-        write_atomic(out_dir / "results.md", render_markdown(result))
+        write_text_atomically(out_dir / "results.json", json.dumps(result, indent=1, default=str))
+        write_text_atomically(out_dir / "results.md", render_markdown(result))
         return result
 
     bar = tqdm(total=progress.runs_total, desc="bench", disable=not cfg.bench.progress)
@@ -433,14 +434,6 @@ def make_result(
         "peer_ratios": peer_ratios(records),
         "greedy_mismatches": [(r["method"], r["prompt"]) for r in records if greedy and not r["greedy_match"]],
     }
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Replace `path` by `text` in one step (a temporary file, then os.replace): a reader, or a run
-    killed mid-write, sees the old file or the new one, never half of one."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 # ----------------------------------------------------------------------------- tables

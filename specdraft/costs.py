@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from specdraft.files import write_text_atomically
 from specdraft.target import TargetModel
 
 CACHE_FILE = "costs.json"
@@ -126,11 +127,9 @@ def cached_value(key: str, measure: Callable[[], Any], usable: Callable[[Any], b
         return table[key]
     value = measure()
     table[key] = value
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(table, indent=1))
-        tmp.replace(path)  # atomic: concurrent sweep jobs never read a half-written file
+        write_text_atomically(path, json.dumps(table, indent=1))  # concurrent sweep jobs never read half a file
     except OSError as error:
         log.warning(
             "cannot write the cost cache %s (%s): it is measured again next run; set SPECDRAFT_CACHE_DIR "

@@ -42,6 +42,7 @@ from torch import Tensor
 
 from specdraft.build import target_label
 from specdraft.console import hydra_cli
+from specdraft.files import replace_atomically
 from specdraft.formats.exit_adapter import (
     ExitAdapter,
     exit_head,
@@ -91,9 +92,7 @@ def precompute_teacher(
                       "top_logits": values.half().cpu().contiguous(),
                       "top_ids": idx.to(torch.int32).cpu().contiguous(),
                       "prev": prev.flatten(0, 1).half().cpu().contiguous()}
-            tmp = shard.with_suffix(".tmp")
-            save_file(cached, str(tmp))
-            tmp.rename(shard)
+            replace_atomically(shard, lambda tmp: save_file(cached, str(tmp)))
             log.info("teacher cache %s: %d/%d blocks", out_dir.name, start + ids.shape[0], blocks.shape[0])
         parts.append(cached)
     return {k: torch.cat([p[k] for p in parts]) for k in keys}

@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from specdraft.files import replace_atomically
+
 StepLoss = Callable[[int], tuple[Tensor, Mapping[str, float]]]  # step -> (loss, values to log)
 Evaluate = Callable[[int], Mapping[str, Any]]  # step -> held-out metrics
 
@@ -137,10 +139,9 @@ def train(
         if ckpt is None:
             return
         ckpt.parent.mkdir(parents=True, exist_ok=True)
-        tmp = ckpt.with_suffix(ckpt.suffix + ".tmp")
-        torch.save({"trainable": trainable_state(module), "optimizer": opt.state_dict(), "step": run.step,
-                    "elapsed_s": run.elapsed_s, "history": run.history}, tmp)
-        tmp.replace(ckpt)  # atomic: an interrupted save never corrupts the checkpoint
+        state = {"trainable": trainable_state(module), "optimizer": opt.state_dict(), "step": run.step,
+                 "elapsed_s": run.elapsed_s, "history": run.history}
+        replace_atomically(ckpt, lambda tmp: torch.save(state, tmp))  # an interrupted save never corrupts it
 
     def run_eval() -> None:
         if evaluate is None:
