@@ -261,8 +261,7 @@ class SpeculativeDecoder:
         new = max(1, min(self.CALIBRATION_TOKENS, self.target.max_context - length))
         vocab = self.target.vocab_size
         prompt = ((torch.arange(length) % 17) * 7919 + 11) % vocab  # [T] a period-17 token pattern
-        calib = SamplingConfig(sampling.temperature, sampling.top_k, sampling.top_p, seed=0)
-        stats = self._run(prompt[None], new, set(), calib, make_draft_length_policy(k)).stats
+        stats = self._run(prompt[None], new, set(), sampling.with_seed(0), make_draft_length_policy(k)).stats
         self.target.reset()
         self.drafter.reset()  # type: ignore[union-attr]
         longest = max(stats.drafted_per_round, default=0)  # a tree drafter may score more nodes

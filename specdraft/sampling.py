@@ -10,7 +10,7 @@ greedy decoding a special case of sampling (and keeps the verifier's inputs well
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -51,6 +51,10 @@ class SamplingConfig:
             raise ValueError(
                 f"top_p must be in (0, 1] (1.0 disables nucleus sampling), got {self.top_p}."
             )
+
+    def with_seed(self, seed: int) -> SamplingConfig:
+        """The same warping with another seed (audits and calibrations draw their own streams)."""
+        return replace(self, seed=seed)
 
     @property
     def greedy(self) -> bool:

@@ -48,7 +48,7 @@ def sample_two_tokens(decoder: SpeculativeDecoder, prompt: list[int], n: int, vo
     counts = np.zeros(vocab * vocab)
     base = decoder.sampling
     for seed in range(n):
-        sampling = SamplingConfig(base.temperature, base.top_k, base.top_p, seed)
+        sampling = base.with_seed(seed)
         toks = decoder.generate(prompt, 2, stop_token_ids=[], sampling=sampling).token_ids[0].tolist()
         counts[toks[0] * vocab + toks[1]] += 1
     return counts

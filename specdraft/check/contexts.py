@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 from specdraft.check.greedy import reference_greedy
 from specdraft.decode import SpeculativeDecoder
-from specdraft.sampling import SamplingConfig
 
 SCORING_SEED_OFFSET = 2**40  # scoring runs use seeds base + 2**40 + i; the audit's are base + [0, N)
 
@@ -59,7 +58,7 @@ def score_context(decoder: SpeculativeDecoder, ctx: Context, depth: int, runs: i
     base = decoder.sampling
     accepted = drafted = 0
     for i in range(runs):
-        sampling = SamplingConfig(base.temperature, base.top_k, base.top_p, base.seed + SCORING_SEED_OFFSET + i)
+        sampling = base.with_seed(base.seed + SCORING_SEED_OFFSET + i)
         stats = decoder.generate(list(ctx.token_ids), depth, stop_token_ids=[], sampling=sampling).stats
         accepted += stats.accepted
         drafted += stats.drafted

@@ -23,7 +23,6 @@ from specdraft.check.contexts import Context, choose_context
 from specdraft.check.power import detectable_tv
 from specdraft.check.verdict import Verdict
 from specdraft.decode import SpeculativeDecoder
-from specdraft.sampling import SamplingConfig
 
 MAX_SAMPLES = 10**8
 
@@ -174,8 +173,7 @@ def audit_sampling(
     counts = np.zeros(plan.table.num_cells)
     drafted, reached, accepted = [0] * k, [0] * k, [0] * k
     for i in tqdm(range(settings.num_samples), desc="check", disable=not progress):
-        sampling = SamplingConfig(base.temperature, base.top_k, base.top_p, base.seed + i)
-        out = decoder.generate(list(plan.context.token_ids), k + 1, stop_token_ids=[], sampling=sampling)
+        out = decoder.generate(list(plan.context.token_ids), k + 1, stop_token_ids=[], sampling=base.with_seed(base.seed + i))
         counts[plan.table.cell(out.token_ids[0].tolist())] += 1
         for total, per in ((drafted, out.stats.drafted_per_position), (reached, out.stats.reached_per_position),
                            (accepted, out.stats.accepted_per_position)):
