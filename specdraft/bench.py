@@ -297,8 +297,7 @@ def plan_bench(cfg: DictConfig, out_dir: Path) -> BenchPlan:
 
 
 def _max_new_tokens(cfg: DictConfig) -> int | None:
-    value = cfg.max_new_tokens
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+    return cfg.max_new_tokens if bench_checks.is_int_at_least(cfg.max_new_tokens, 1) else None
 
 
 @dataclass

@@ -48,9 +48,14 @@ def names(value: Any) -> list[str]:
     return [str(v) for v in values(value)]
 
 
+def is_int_at_least(value: Any, minimum: int) -> bool:
+    """An integer (not a bool) >= minimum."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
 def int_problem(key: str, value: Any, minimum: int, meaning: str) -> str | None:
     """The sentence for a setting that must be an integer >= minimum, or None when it is one."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= minimum:
+    if is_int_at_least(value, minimum):
         return None
     return f"{key}={value!r} must be an integer >= {minimum} ({meaning})."
 
@@ -111,8 +116,7 @@ def suite_problems(cfg: DictConfig) -> tuple[list[SuitePrompt], list[str]]:
         noun = "category" if len(unknown) == 1 else "categories"
         return [], [f"unknown {noun} {', '.join(map(repr, unknown))} in bench.categories; "
                     + f"suite {source!r} has {', '.join(known)}."]
-    limit = cfg.bench.limit
-    limit = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit >= 1 else None
+    limit = cfg.bench.limit if is_int_at_least(cfg.bench.limit, 1) else None
     return select_prompts(prompts, wanted, limit), []
 
 
