@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from specdraft.formats.target_info import EXIT_KEYS, RECORD_KEY, check_target
+from specdraft.formats.target_info import EXIT_KEYS, RECORD_KEY, check_target, pruned_vocab_record
 from specdraft.shipped import artifact_label
 from specdraft.vocab import VOCAB_FILE
 
@@ -118,11 +118,7 @@ def adapter_record(directory: str | Path, meta: dict) -> dict:
     before records existed) its hidden size and its pruned vocabulary's size."""
     if isinstance(meta.get(RECORD_KEY), dict):
         return dict(meta[RECORD_KEY])
-    record = {"hidden_size": int(meta["adapter"]["hidden_size"])}
-    vocab_file = Path(directory) / VOCAB_FILE
-    if vocab_file.is_file():
-        record["vocab_size"] = int(json.loads(vocab_file.read_text())["vocab_size"])
-    return record
+    return {"hidden_size": int(meta["adapter"]["hidden_size"]), **pruned_vocab_record(Path(directory) / VOCAB_FILE)}
 
 
 def check_adapter_target(directory: str | Path, meta: dict, target: TargetModel) -> None:

@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specdraft.vocab import PrunedVocab
+
 if TYPE_CHECKING:
     from specdraft.target import TargetModel
 
@@ -124,9 +126,14 @@ def from_shapes(weights_file: str | Path, hidden: Callable[[str], bool], vocab: 
                 info["hidden_size"] = int(shape[-1])
             if vocab is not None and "vocab_size" not in info and vocab(name):
                 info["vocab_size"] = int(shape[0])
-    if "vocab_size" not in info and vocab_file is not None and Path(vocab_file).is_file():
-        info["vocab_size"] = int(json.loads(Path(vocab_file).read_text())["vocab_size"])
+    if "vocab_size" not in info and vocab_file is not None:
+        info.update(pruned_vocab_record(vocab_file))
     return info
+
+
+def pruned_vocab_record(vocab_file: str | Path) -> dict[str, int]:
+    """{"vocab_size": V} of the target a pruned vocabulary file was cut from; {} without the file."""
+    return {"vocab_size": PrunedVocab.load(vocab_file).vocab_size} if Path(vocab_file).is_file() else {}
 
 
 CACHE_RECORD = "target.json"  # a cache folder's record of the target whose outputs it holds
