@@ -34,7 +34,7 @@ from transformers import PreTrainedModel
 
 from drafters.ngram import NGramIndex
 from specdraft.draft_loop import CopySource, DraftCache, draft_autoregressively
-from specdraft.fast_stack import PackedLinear
+from specdraft.linear_formats import PackedLinear
 from specdraft.formats.draft import is_draft_artifact, load_draft_artifact
 from specdraft.models import load_model, load_tokenizer, resolve_source
 from specdraft.protocol import Draft, DraftContext

@@ -3,7 +3,7 @@
 `CompiledHeads` reads the live modules of (PEFT-wrapped) heads and runs them as one shared-projection
 matmul for all heads, optionally restricted to a pruned vocabulary; gradients flow, so training uses
 it too. `PackedHeads` and `PackedRecurrentHeads` are frozen inference copies in the few-row layout
-of `specdraft.fast_stack.PackedLinear` (the drafter's hot path). All three compute the same sums,
+of `specdraft.linear_formats.PackedLinear` (the drafter's hot path). All three compute the same sums,
 equal up to float rounding.
 """
 
@@ -115,7 +115,7 @@ class CompiledHeads:
 
 class PackedHeads:
     """Inference form of CompiledHeads with a shared projection: frozen copies in the few-row
-    layout that is fastest on this device (`specdraft.fast_stack.PackedLinear`, oneDNN on CPU).
+    layout that is fastest on this device (`specdraft.linear_formats.PackedLinear`, oneDNN on CPU).
 
     The first ResBlock of every head reads the same hidden state, so their Linears run as one
     [K*H, H] product; the LoRA deltas are folded into the projection as extra input columns:
@@ -125,7 +125,7 @@ class PackedHeads:
     """
 
     def __init__(self, compiled: CompiledHeads) -> None:
-        from specdraft.fast_stack import PackedLinear
+        from specdraft.linear_formats import PackedLinear
 
         if not compiled.shared or compiled.recurrent:
             raise ValueError("PackedHeads needs independent heads that share the target's projection.")
@@ -181,7 +181,7 @@ class PackedHeads:
 
 class PackedRecurrentHeads:
     """Inference form of recurrent CompiledHeads with a shared projection: frozen copies in the
-    few-row layout (`specdraft.fast_stack.PackedLinear`), the projection restricted to the pruned
+    few-row layout (`specdraft.linear_formats.PackedLinear`), the projection restricted to the pruned
     vocabulary and packed once for all heads, each head's LoRA factors pre-gathered and pre-scaled.
 
     Recurrent heads run one head at a time (K sequential steps), so the shared projection is
@@ -190,7 +190,7 @@ class PackedRecurrentHeads:
     """
 
     def __init__(self, compiled: CompiledHeads) -> None:
-        from specdraft.fast_stack import PackedLinear
+        from specdraft.linear_formats import PackedLinear
 
         if not compiled.shared or not compiled.recurrent:
             raise ValueError("PackedRecurrentHeads needs recurrent heads that share the target's projection.")

@@ -1,20 +1,24 @@
-"""A quantized copy of the target as its own drafter (INT8 / INT4 via bitsandbytes).
+"""A quantized copy of the target as its own drafter: int4 / int8 / bfloat16 weights on the fast stack
+(CPU), or bitsandbytes int8 / nf4 / fp4 on the Hugging Face stack (the CUDA kernels).
 
-At `bind` the drafter builds a copy of the target whose decoder linear layers are quantized
-(bitsandbytes `Linear8bitLt` for bits=8, `Linear4bit` nf4/fp4 for bits=4; or torch's dynamic int8
-with backend="torch"); everything else (embeddings, norms, rotary tables, and by default the
-lm_head) is the target's own tensors, not duplicated. The copy runs through `TargetModel` (the
-Hugging Face stack for quantized layers, the fast stack for an unquantized copy) with its own KV
-cache (`specdraft.draft_loop.DraftCache`), drafts through the shared loop
-(`specdraft.draft_loop.draft_autoregressively`) and returns q = warp(its logits).
+backend="fast" (the default on CPU, `backend=auto`): the copy is the target's own fast stack built
+again with its projections in another format (`specdraft.linear_formats`: bits=4 -> int4 weight-only,
+asymmetric groups of `group_size` inputs like GGUF's Q4_1; bits=8 -> int8 per channel; bits=16 ->
+bfloat16), with its own KV cache; embeddings, norms and rotary tables are the target's tensors.
+backend="bitsandbytes" (the default on CUDA): the decoder's nn.Linear layers are replaced by
+bitsandbytes modules in a copy of the Hugging Face model that shares every other tensor.
+backend="torch": torch's dynamic int8 (`quantize_dynamic`, CPU, bits=8) on the Hugging Face stack.
+Either way the copy runs through `TargetModel` with its own cache (`specdraft.draft_loop.DraftCache`),
+drafts through the shared loop (`specdraft.draft_loop.draft_autoregressively`) and returns
+q = warp(its logits).
 
-bits=16 or 32 disables quantization: the copy is exact (it shares every tensor with the target), so
-q equals p up to float rounding and every draft token is accepted at any temperature - the sanity
-invariant. On CPU the bitsandbytes kernels are several times slower than float32: the drafter is
-correct there, but it pays only on a GPU.
+bits=32 disables quantization: the copy is exact, so q equals p up to float rounding and every draft
+token is accepted at any temperature - the sanity invariant.
 
-Optional `pruned_vocab` (`specdraft.vocab.resolve_pruned_vocab`): project onto a subset of the
-target's ids only (q is zero outside it, so verification stays exact) to cut the lm_head cost.
+Logits: share_embeddings=True takes them from the target's own lm_head (no memory; exact), False
+quantizes the head like the layers; `pruned_vocab` (`specdraft.vocab.resolve_pruned_vocab`) projects
+onto a subset of the target's ids only (q is zero outside it, so verification stays exact), stored
+in the copy's format, to cut the head's cost. `memory` reports the bytes the copy adds.
 """
 
 from __future__ import annotations
@@ -27,21 +31,30 @@ import torch
 from torch import Tensor, nn
 
 from specdraft.draft_loop import DraftCache, draft_autoregressively
+from specdraft.linear_formats import FLOAT, INT4_GROUP_SIZES, Linear, WeightFormat, make_linear
 from specdraft.protocol import Draft, DraftContext
 from specdraft.target import TargetModel
 from specdraft.vocab import PrunedVocab, resolve_pruned_vocab
 
 BITS = (4, 8, 16, 32)
 QUANT_TYPES = ("nf4", "fp4")
-BACKENDS = ("bitsandbytes", "torch")
-BNB_BLOCKSIZES = (32, 64, 128, 256)  # bitsandbytes 4-bit block sizes offered (64 is its default)
+BACKENDS = ("auto", "fast", "bitsandbytes", "torch")
+GROUP_SIZES = INT4_GROUP_SIZES  # inputs per 4-bit scale: torch's int4 kernel and bitsandbytes accept the same
+FAST_FORMATS = {4: "int4", 8: "int8", 16: "bfloat16", 32: "float"}  # bits -> `WeightFormat.kind`
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """backend="auto" -> the fast stack on CPU, bitsandbytes on CUDA (its kernels are CUDA's)."""
+    if backend != "auto":
+        return backend
+    return "fast" if device.type == "cpu" else "bitsandbytes"
 
 
 def _quantized_linear(
     linear: nn.Linear, bits: int, quant_type: str, backend: str, int8_threshold: float = 6.0,
-    blocksize: int = 64,
+    group_size: int = 64,
 ) -> nn.Module:
-    """A quantized replacement for `linear` (its weight is read, never modified)."""
+    """A bitsandbytes / torch-dynamic replacement for `linear` (its weight is read, never modified)."""
     weight = linear.weight.detach()  # [out, in]
     if backend == "torch":
         from torch.ao.quantization import quantize_dynamic
@@ -57,15 +70,15 @@ def _quantized_linear(
                                      has_fp16_weights=False, threshold=int8_threshold)
         module.weight = bnb.nn.Int8Params(weight.clone(), requires_grad=False, has_fp16_weights=False)
     else:
-        if linear.in_features % blocksize:
+        if linear.in_features % group_size:
             raise ValueError(
-                f"4-bit quantization works in blocks of {blocksize} inputs, but a linear layer has "
-                f"{linear.in_features}; use another blocksize or bits=8 for this model."
+                f"4-bit quantization works in groups of {group_size} inputs, but a linear layer has "
+                f"{linear.in_features}; use another group_size or bits=8 for this model."
             )
         module = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=has_bias,
                                    compute_dtype=weight.dtype, quant_type=quant_type)
         module.weight = bnb.nn.Params4bit(weight.clone(), requires_grad=False, quant_type=quant_type,
-                                          blocksize=blocksize)
+                                          blocksize=group_size)
     if has_bias:
         module.bias = nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
     return module.to(weight.device)  # quantizes here
@@ -73,12 +86,13 @@ def _quantized_linear(
 
 def quantized_copy(
     model: nn.Module, bits: int, quant_type: str = "nf4", backend: str = "bitsandbytes",
-    share_embeddings: bool = True, int8_threshold: float = 6.0, blocksize: int = 64,
+    share_embeddings: bool = True, int8_threshold: float = 6.0, group_size: int = 64,
 ) -> nn.Module:
-    """A copy of the causal LM `model` whose decoder linear layers are quantized to `bits`.
+    """A copy of the Hugging Face causal LM `model` whose decoder linear layers are bitsandbytes /
+    torch-dynamic modules (`backend`).
 
     Every tensor of the copy that is not quantized IS the target's tensor (deepcopy with a memo),
-    so an unquantized copy (bits >= 16) costs no memory. share_embeddings=False also quantizes
+    so an unquantized copy (bits=32) costs no memory. share_embeddings=False also quantizes
     the lm_head (the embedding table is always shared: a lookup costs nothing to keep exact).
     """
     shared = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
@@ -90,10 +104,10 @@ def quantized_copy(
         parent_name, _, attr = name.rpartition(".")
         parent = clone.base_model.get_submodule(parent_name) if parent_name else clone.base_model
         setattr(parent, attr, _quantized_linear(getattr(parent, attr), bits, quant_type, backend, int8_threshold,
-                                                     blocksize))
+                                                     group_size))
     if not share_embeddings:
         head = clone.get_output_embeddings()
-        clone.set_output_embeddings(_quantized_linear(head, bits, quant_type, backend, int8_threshold, blocksize))
+        clone.set_output_embeddings(_quantized_linear(head, bits, quant_type, backend, int8_threshold, group_size))
     return clone.eval()
 
 
@@ -130,17 +144,19 @@ def memory_report(target_model: nn.Module, copy_model: nn.Module) -> dict[str, i
 class QuantizedDrafter:
     """Draft with a quantized copy of the target. `specdraft-generate drafter=quantized drafter.bits=4`
 
-    bits: 8 (int8), 4 (quant_type nf4 or fp4), or 16/32 = no quantization (an exact copy).
-    backend: "bitsandbytes" (CPU path here, CUDA kernels on a GPU) or "torch" (dynamic int8, bits=8).
-    share_embeddings: keep the target's lm_head (True) or quantize it too (False).
+    bits: 4, 8, 16 (bfloat16; fast backend) or 32 (no quantization: an exact copy).
+    backend: "auto" (fast on CPU, bitsandbytes on CUDA), "fast" (the fast stack: int4 / int8 /
+        bfloat16 kernels of torch, CPU for int4 and int8), "bitsandbytes" (int8, nf4, fp4) or "torch"
+        (dynamic int8, CPU, bits=8).
+    group_size: 4-bit only, inputs per scale (fast: asymmetric min/scale pairs like GGUF Q4_1;
+        bitsandbytes: the absmax block size).
+    quant_type: bitsandbytes 4-bit only: nf4 or fp4.
+    share_embeddings: take logits from the target's own lm_head (True) or quantize the head too.
     pruned_vocab: None = the full vocabulary; a path to a `PrunedVocab` JSON or a `PrunedVocab`:
         project onto that subset of ids only ("auto" is None too: a quantized copy has no artifact
-        to save a subset with).
-    int8_threshold: LLM.int8 outlier threshold (activations above it stay in 16 bit; 0 = pure int8).
-        Lower thresholds agree more often with the target but keep more columns in 16 bit (slower);
-        benchmarks/RESULTS.md has the measured agreement per setting.
-    blocksize: inputs per 4-bit quantization block (one absmax scale each; smaller = more exact,
-        more scale memory); bitsandbytes' default is 64.
+        to save a subset with). Its rows are stored in the copy's format.
+    int8_threshold: bitsandbytes LLM.int8 outlier threshold (activations above it stay in 16 bit;
+        0 = pure int8); benchmarks/RESULTS.md has the measured agreement per setting.
     """
 
     needs_target_hidden: ClassVar[bool] = False
@@ -149,48 +165,83 @@ class QuantizedDrafter:
 
     def __init__(
         self,
-        bits: int = 8,
+        bits: int = 4,
+        backend: str = "auto",
+        group_size: int = 32,
         quant_type: str = "nf4",
-        backend: str = "bitsandbytes",
         share_embeddings: bool = True,
         pruned_vocab: str | Path | PrunedVocab | None = None,
         int8_threshold: float = 6.0,
-        blocksize: int = 64,
     ) -> None:
         if bits not in BITS:
-            raise ValueError(f"bits must be one of {BITS} (16/32 = no quantization), got {bits!r}.")
+            raise ValueError(f"bits must be one of {BITS} (16 = bfloat16, 32 = no quantization), got {bits!r}.")
         if quant_type not in QUANT_TYPES:
             raise ValueError(f"quant_type must be one of {QUANT_TYPES}, got {quant_type!r}.")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}.")
-        if blocksize not in BNB_BLOCKSIZES:
-            raise ValueError(f"blocksize must be one of {BNB_BLOCKSIZES}, got {blocksize!r}.")
-        if backend == "torch" and bits == 4:
-            raise ValueError("backend='torch' supports bits=8 only; use backend='bitsandbytes' for 4 bits.")
-        self.bits, self.quant_type, self.backend = bits, quant_type, backend
+        if group_size not in GROUP_SIZES:
+            raise ValueError(f"group_size must be one of {GROUP_SIZES}, got {group_size!r}.")
+        if backend == "torch" and bits != 8 and bits != 32:
+            raise ValueError("backend='torch' supports bits=8 only; use backend='fast' or 'bitsandbytes'.")
+        if backend == "bitsandbytes" and bits == 16:
+            raise ValueError("bits=16 is the fast backend's bfloat16 copy; use backend='fast' (or auto).")
+        self.bits, self.backend, self.group_size, self.quant_type = bits, backend, group_size, quant_type
         self.share_embeddings = share_embeddings
         self.int8_threshold = int8_threshold
-        self.blocksize = blocksize
         self.pruned_vocab_spec = pruned_vocab
         self.vocab: PrunedVocab | None = None
-        self.model: nn.Module | None = None
         self.memory: dict[str, int] = {}
-        self._head: Tensor | None = None  # [M, H] pruned head rows
+        self._target: TargetModel | None = None
+        self._head: Linear | None = None  # the copy's own head (pruned rows, or a quantized full head)
         self._cache: DraftCache | None = None  # the copy (through TargetModel) and its KV cache
+
+    def weight_format(self) -> WeightFormat:
+        """The fast backend's format for this drafter's bits."""
+        return WeightFormat(FAST_FORMATS[self.bits], self.group_size)
 
     def bind(self, target: TargetModel) -> None:
         """Build the quantized copy (once per target) and report its memory."""
         vocab = resolve_pruned_vocab(self.pruned_vocab_spec, None, target.vocab_size)
-        if self.backend == "torch" and target.device.type != "cpu":
+        backend = resolve_backend(self.backend, target.device)
+        if backend == "torch" and target.device.type != "cpu":
             raise ValueError("backend='torch' (dynamic int8) runs on CPU only; use backend='bitsandbytes'.")
-        self.model = quantized_copy(target.model, self.bits, self.quant_type, self.backend,
-                                    self.share_embeddings, self.int8_threshold, self.blocksize)
-        self.memory = memory_report(target.model, self.model)
+        if backend == "fast" and self.bits in (4, 8) and target.device.type != "cpu":
+            raise ValueError(f"the fast backend's int{self.bits} kernels run on CPU; on CUDA use backend=bitsandbytes.")
+        self._target = target
         self.vocab = vocab.to(target.device) if vocab is not None else None
-        self._head = self.vocab.head(target.lm_head.weight) if self.vocab is not None else None
-        # quantized layers are not float nn.Linear: "auto" runs them on the Hugging Face stack
-        self._cache = DraftCache(TargetModel(self.model, eos_token_ids=target.eos_token_ids, fast="auto"))
+        if backend == "fast":
+            self._bind_fast(target)
+        else:
+            self._bind_hf(target, backend)
         self.reset()
+
+    def _bind_fast(self, target: TargetModel) -> None:
+        """The target's own model on the fast stack again, projections in this drafter's format."""
+        fmt = self.weight_format()
+        if not target.fast:
+            raise ValueError("backend='fast' needs a target the fast stack runs (target.fast); use backend=bitsandbytes.")
+        own_head = self.vocab is None and not self.share_embeddings
+        runner = TargetModel(target.model, eos_token_ids=target.eos_token_ids, fast=True, weights=fmt,
+                             head=own_head)
+        self._head = None
+        if self.vocab is not None:
+            self._head = make_linear(self.vocab.head(target.lm_head.weight), None, fmt)  # [M, H]
+        head_bytes = self._head.nbytes if self._head is not None else 0
+        # the fast stack packs its own weights, so even bits=32 holds a second (exact) copy
+        self.memory = {"target_bytes": target.weight_bytes, "copy_bytes": head_bytes + runner.weight_bytes}
+        self._cache = DraftCache(runner)
+
+    def _bind_hf(self, target: TargetModel, backend: str) -> None:
+        """A copy of the Hugging Face model with bitsandbytes / torch-dynamic layers."""
+        model = quantized_copy(target.model, self.bits, self.quant_type, backend, self.share_embeddings,
+                               self.int8_threshold, self.group_size)
+        self.memory = memory_report(target.model, model)
+        self._head = None
+        if self.vocab is not None:
+            self._head = make_linear(self.vocab.head(target.lm_head.weight), None, FLOAT)  # [M, H]
+            self.memory["copy_bytes"] += self._head.nbytes
+        # quantized layers are not float nn.Linear: "auto" runs them on the Hugging Face stack
+        self._cache = DraftCache(TargetModel(model, eos_token_ids=target.eos_token_ids, fast="auto"))
 
     def reset(self) -> None:
         """New prompt: an empty cache."""
@@ -204,11 +255,13 @@ class QuantizedDrafter:
 
     def _next_logits(self, feed: Tensor) -> Tensor:
         """Run feed [1, n] after the cached positions; logits [1, M or V] of the next token."""
-        assert self._cache is not None
+        assert self._cache is not None and self._target is not None
         hidden = self._cache.forward(feed)  # [1, H] post-norm
-        if self.vocab is not None:
-            return self.vocab.logits(hidden, self._head).float()
-        return self._cache.runner.logits(hidden)  # the copy's own lm_head (quantized or shared)
+        if self._head is not None:  # pruned rows [M, H]
+            return self._head(hidden).float()
+        if self._cache.runner.has_head:
+            return self._cache.runner.logits(hidden)  # the copy's own lm_head (quantized or shared)
+        return self._target.logits(hidden)  # the target's own head
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext, num_tokens: int) -> Draft:

@@ -27,14 +27,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from specdraft.linear_formats import FLOAT, Linear, WeightFormat, make_linear
 
 FAST_MODEL_TYPES = ("llama", "mistral", "qwen2")
-_PACK_ROWS = 16  # oneDNN packing hint: the row count the layout is tuned for (1..16 all measured)
-_MIN_ROWS = 4  # fewer rows are zero-padded to 4: oneDNN's 1-3-row kernels stream the weights slower.
-# Measured: the 121 products of a SmolLM2-135M forward, weights streamed from memory, 25.7 ms at 1
-# row, 27.6 at 2, ~22 at 1 or 2 rows padded to 4; whole forward at context 512: T_p(2)/T_p(1) 1.19
-# -> 1.03, T_p(1) unchanged (benchmarks/RESULTS.md, verifier cost).
 
 
 def fast_path_unsupported(model: nn.Module) -> str | None:
@@ -53,31 +49,6 @@ def fast_path_unsupported(model: nn.Module) -> str | None:
     return None
 
 
-class PackedLinear:
-    """y = x W^T + b with W frozen in the layout that is fastest for few rows on this device."""
-
-    def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
-        weight = weight.detach()  # [O, I]
-        self.out_features = int(weight.shape[0])
-        self.bias = None if bias is None else bias.detach()
-        self.packed = (
-            weight.device.type == "cpu"
-            and torch.backends.mkldnn.is_available()
-            and weight.dtype in (torch.float32, torch.bfloat16)
-        )
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_ROWS) if self.packed else weight
-
-    def __call__(self, x: Tensor) -> Tensor:  # [..., I] -> [..., O]
-        if not self.packed:
-            return F.linear(x, self.weight, self.bias)
-        rows = x.reshape(-1, x.shape[-1])  # [N, I]
-        n = rows.shape[0]
-        if n < _MIN_ROWS:
-            rows = torch.cat([rows, rows.new_zeros(_MIN_ROWS - n, rows.shape[1])])  # [4, I]
-        y = torch.ops.mkldnn._linear_pointwise(rows, self.weight, self.bias, "none", [], "")  # [N|4, O]
-        return y[:n].view(*x.shape[:-1], self.out_features)
-
-
 def continuation_mask(past: int, k: int, dtype: torch.dtype, device: torch.device, groups: int = 1) -> Tensor:
     """Additive mask [groups * k, past + k] for k new positions after `past` cached ones: 0 where
     query i may look (every cached position and block positions <= i), -inf elsewhere; row
@@ -90,24 +61,49 @@ def continuation_mask(past: int, k: int, dtype: torch.dtype, device: torch.devic
     return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, float("-inf"))
 
 
-def _fused(modules: Sequence[nn.Linear]) -> PackedLinear:
-    """One PackedLinear computing all `modules` side by side (outputs concatenated)."""
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """Hugging Face's LlamaRMSNorm, op for op (so the values match): the variance in float32,
+    x * rsqrt(variance + eps), times the weight in the input's dtype. x [..., H], weight [H].
+    (`F.rms_norm` runs the same math as several more dispatched ops on CPU.)"""
+    if x.dtype != torch.float32:
+        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+        return weight * normed.to(x.dtype)
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def rope_tables(cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """The rotary tables of k positions, cos/sin [B|1, k, D], prepared once per forward for
+    `apply_rope`: (cos [B|1, k, 1, D], sin with its first half negated [B|1, k, 1, D])."""
+    half = sin.shape[-1] // 2
+    signed = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+    return cos[:, :, None], signed[:, :, None]
+
+
+def apply_rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
+    """Rotary embedding of x [B, k, heads, D] (Hugging Face's rotate-half convention): x * cos +
+    rotate_half(x) * sin, with rotate_half(x) * sin = roll(x, D/2) * signed_sin (the same products:
+    only the sign moved from x to sin, which IEEE multiplication does not see)."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)
+
+
+def _fused(modules: Sequence[nn.Linear], fmt: WeightFormat) -> Linear:
+    """One linear in format `fmt` computing all `modules` side by side (outputs concatenated)."""
     weight = torch.cat([m.weight.detach() for m in modules], dim=0)  # [sum O, I]
     biases = [m.bias for m in modules]
     bias = None if all(b is None for b in biases) else torch.cat(
         [b.detach() if b is not None else m.weight.new_zeros(m.out_features) for m, b in zip(modules, biases)]
     )
-    return PackedLinear(weight, bias)
+    return make_linear(weight, bias, fmt)
 
 
 @dataclass(frozen=True)
 class _Layer:
     norm1: Tensor  # [H] input_layernorm weight
-    qkv: PackedLinear  # H -> (heads + 2 kv_heads) * head_dim
-    out: PackedLinear  # heads * head_dim -> H
+    qkv: Linear  # H -> (heads + 2 kv_heads) * head_dim
+    out: Linear  # heads * head_dim -> H
     norm2: Tensor  # [H] post_attention_layernorm weight
-    gate_up: PackedLinear  # H -> 2 * intermediate
-    down: PackedLinear  # intermediate -> H
+    gate_up: Linear  # H -> 2 * intermediate
+    down: Linear  # intermediate -> H
 
 
 class KVBuffer:
@@ -189,7 +185,10 @@ class FastStack:
     """The decoder layers, final norm and lm_head of a Llama-family model with packed weights and
     a `KVBuffer`; same interface as `HFStack` (see specdraft/target.py)."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, weights: WeightFormat = FLOAT, head: bool = True) -> None:
+        """weights: how the decoder's projections are stored (`specdraft.linear_formats`; FLOAT = the
+        model's own, exact); head: build the lm_head (in the same format) or not (a drafter that
+        computes its logits elsewhere, e.g. from the target's own head or a pruned one)."""
         reason = fast_path_unsupported(model)
         if reason is not None:
             raise ValueError(f"the fast target path cannot run this model: {reason}; use target.fast=false.")
@@ -207,16 +206,17 @@ class FastStack:
         self.layers = [
             _Layer(
                 norm1=layer.input_layernorm.weight.detach(),
-                qkv=_fused([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]),
-                out=_fused([layer.self_attn.o_proj]),
+                qkv=_fused([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj], weights),
+                out=_fused([layer.self_attn.o_proj], weights),
                 norm2=layer.post_attention_layernorm.weight.detach(),
-                gate_up=_fused([layer.mlp.gate_proj, layer.mlp.up_proj]),
-                down=_fused([layer.mlp.down_proj]),
+                gate_up=_fused([layer.mlp.gate_proj, layer.mlp.up_proj], weights),
+                down=_fused([layer.mlp.down_proj], weights),
             )
             for layer in decoder.layers
         ]
         self.final_norm = decoder.norm.weight.detach()
-        self.lm_head = _fused([model.get_output_embeddings()])
+        self.weights = weights
+        self.lm_head: Linear | None = _fused([model.get_output_embeddings()], weights) if head else None
         self.num_layers = len(self.layers)
         self.kv: KVBuffer | None = None
 
@@ -250,10 +250,19 @@ class FastStack:
         return self.embed_tokens(token_ids)
 
     def norm(self, hidden: Tensor) -> Tensor:
-        return F.rms_norm(hidden, (hidden.shape[-1],), self.final_norm, self.eps)
+        return rms_norm(hidden, self.final_norm, self.eps)
 
     def logits(self, hidden: Tensor) -> Tensor:  # [B, n, H] -> [B, n, V]
+        if self.lm_head is None:
+            raise ValueError("this stack was built without an lm_head (head=False); compute logits elsewhere.")
         return self.lm_head(hidden)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of every projection (and the lm_head, if built) as stored: what a decode step streams
+        besides one embedding row and the KV cache."""
+        linears = [lin for layer in self.layers for lin in (layer.qkv, layer.out, layer.gate_up, layer.down)]
+        return sum(lin.nbytes for lin in linears + ([self.lm_head] if self.lm_head is not None else []))
 
     def forward(self, token_ids: Tensor, attention_mask: Tensor | None = None,
                 position_ids: Tensor | None = None) -> Tensor:
@@ -283,7 +292,7 @@ class FastStack:
         if mask is None and k > 1 and past > 0:  # query i sees every cached position and block positions <= i
             groups = self.group if grouped else 1
             mask = continuation_mask(past, k, hidden.dtype, hidden.device, groups)  # [g*k, past + k], all layers
-        cos, sin = self.rotary_emb(hidden, position_ids=position_ids)  # [B|1, k, D] each
+        rope = rope_tables(*self.rotary_emb(hidden, position_ids=position_ids))  # once for every layer
         kv = self.kv
 
         def attend(i: int, q: Tensor, key: Tensor, val: Tensor) -> Tensor:
@@ -293,7 +302,7 @@ class FastStack:
             return self._attention(q, keys, values, mask, causal)
 
         for i in range(start, end):
-            hidden = self._layer(i, hidden, cos, sin, attend)
+            hidden = self._layer(i, hidden, rope, attend)
         return hidden
 
     def _attention(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None,
@@ -314,23 +323,21 @@ class FastStack:
         out = F.scaled_dot_product_attention(rows, keys, values, attn_mask=mask, scale=self.scaling)
         return out.view(batch, self.num_heads, k, dim)  # [B, nh, k, D]
 
-    def _layer(self, i: int, hidden: Tensor, cos: Tensor, sin: Tensor,
+    def _layer(self, i: int, hidden: Tensor, rope: tuple[Tensor, Tensor],
                attend: Callable[[int, Tensor, Tensor, Tensor], Tensor]) -> Tensor:
-        """Decoder layer i on hidden [B, k, H]; `attend(i, q, key, val)` stores the new K/V and
-        returns the attention output [B, nh, k, D]."""
+        """Decoder layer i on hidden [B, k, H]; rope: `rope_tables` of the k positions;
+        `attend(i, q, key, val)` stores the new K/V and returns the attention output [B, nh, k, D]."""
         layer = self.layers[i]
         batch, k, _ = hidden.shape
-        q_size, kv_size = self.num_heads * self.head_dim, self.kv_heads * self.head_dim
-        h = F.rms_norm(hidden, (hidden.shape[-1],), layer.norm1, self.eps)
-        q, key, val = layer.qkv(h).split([q_size, kv_size, kv_size], dim=-1)  # [B, k, *]
-        q = q.view(batch, k, self.num_heads, self.head_dim).transpose(1, 2)  # [B, nh, k, D]
-        key = key.view(batch, k, self.kv_heads, self.head_dim).transpose(1, 2)  # [B, kvh, k, D]
-        val = val.view(batch, k, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, key = apply_rotary_pos_emb(q, key, cos, sin)
+        nh, kvh, dim = self.num_heads, self.kv_heads, self.head_dim
+        qkv = layer.qkv(rms_norm(hidden, layer.norm1, self.eps)).view(batch, k, nh + 2 * kvh, dim)
+        qk = apply_rope(qkv[:, :, : nh + kvh], *rope)  # [B, k, nh + kvh, D]: q and k rotated in one go
+        q = qk[:, :, :nh].transpose(1, 2)  # [B, nh, k, D]
+        key = qk[:, :, nh:].transpose(1, 2)  # [B, kvh, k, D]
+        val = qkv[:, :, nh + kvh :].transpose(1, 2)  # [B, kvh, k, D]
         attn = attend(i, q, key, val)  # [B, nh, k, D]
-        hidden = hidden + layer.out(attn.transpose(1, 2).reshape(batch, k, q_size))
-        h = F.rms_norm(hidden, (hidden.shape[-1],), layer.norm2, self.eps)
-        gate, up = layer.gate_up(h).chunk(2, dim=-1)  # [B, k, I] each
+        hidden = hidden + layer.out(attn.transpose(1, 2).reshape(batch, k, nh * dim))
+        gate, up = layer.gate_up(rms_norm(hidden, layer.norm2, self.eps)).chunk(2, dim=-1)  # [B, k, I] each
         return hidden + layer.down(F.silu(gate) * up)
 
     def run_static(self, token_ids: Tensor, base: Tensor) -> Tensor:
@@ -343,7 +350,7 @@ class FastStack:
         k = token_ids.shape[1]
         positions = base + torch.arange(k, device=token_ids.device)  # [k]
         hidden = self.embed(token_ids)  # [B, k, H]
-        cos, sin = self.rotary_emb(hidden, position_ids=positions[None])  # [1, k, D]
+        rope = rope_tables(*self.rotary_emb(hidden, position_ids=positions[None]))  # [1, k, 1, D] each
         cols = torch.arange(self.kv.capacity, device=token_ids.device)  # [S]
         mask = cols[None] <= positions[:, None]  # [k, S]: cached positions and the block causally
         kv = self.kv
@@ -354,5 +361,5 @@ class FastStack:
             return self._attention(q, kv.keys[i], kv.values[i], mask)
 
         for i in range(self.num_layers):
-            hidden = self._layer(i, hidden, cos, sin, attend)
+            hidden = self._layer(i, hidden, rope, attend)
         return self.norm(hidden)

@@ -19,6 +19,7 @@ from transformers import PreTrainedModel
 from specdraft.cuda_graphs import VerifyGraphs
 from specdraft.fast_stack import FastStack, fast_path_unsupported
 from specdraft.hf_stack import HFStack
+from specdraft.linear_formats import FLOAT, WeightFormat
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,10 @@ class TargetModel:
         (`target.fast=false`). `model` itself is never modified: drafters may read its weights.
     cuda_graphs: replay the verify forward (k <= 17 new positions) as CUDA graphs
         (specdraft/cuda_graphs.py); "auto" = when fast and the model is on CUDA.
+    weights: how the fast stack stores the projections (`specdraft.linear_formats.WeightFormat`):
+        FLOAT (the model's own weights) for a target; int4 / bfloat16 / int8 for a quantized copy
+        of it that drafts (drafters/quantized.py). head=False builds no lm_head (such a copy may
+        take its logits from the target's head or a pruned one).
     """
 
     GRAPH_POSITIONS = 17  # verify forwards of up to 16 draft tokens + the newest token are graphed
@@ -67,6 +72,8 @@ class TargetModel:
         eos_token_ids: list[int] | None = None,
         fast: bool | str = "auto",
         cuda_graphs: bool | str = "auto",
+        weights: WeightFormat = FLOAT,
+        head: bool = True,
     ) -> None:
         model.eval()
         self.model = model
@@ -78,7 +85,12 @@ class TargetModel:
             list(eos_token_ids) if eos_token_ids is not None else _default_eos(model, tokenizer)
         )
         self.fast = _resolve_fast(model, fast)
-        self._stack: FastStack | HFStack = FastStack(model) if self.fast else HFStack(model)
+        if (weights != FLOAT or not head) and not self.fast:
+            raise ValueError(
+                f"weights={weights.kind!r} / head={head} need the fast stack, which cannot run this model "
+                f"({fast_path_unsupported(model) or 'fast=false was asked for'}); use the model's own weights."
+            )
+        self._stack: FastStack | HFStack = FastStack(model, weights, head) if self.fast else HFStack(model)
         self._graphs: VerifyGraphs | None = None
         if _resolve_graphs(self, cuda_graphs):
             assert isinstance(self._stack, FastStack)
@@ -103,6 +115,21 @@ class TargetModel:
     def vocab_size(self) -> int:
         """Rows of the lm_head: the size of every distribution p."""
         return int(self.lm_head.weight.shape[0])
+
+    @property
+    def has_head(self) -> bool:
+        """Whether `logits` works (a quantized copy may be built without its own lm_head)."""
+        return not isinstance(self._stack, FastStack) or self._stack.lm_head is not None
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the projections and the lm_head as this model runs them: what one decode step
+        streams besides an embedding row and the KV cache (`specdraft.roofline`)."""
+        if isinstance(self._stack, FastStack):
+            return self._stack.weight_bytes
+        linears = [m for m in self.model.modules() if isinstance(m, nn.Linear)]
+        tensors = {p.data_ptr(): p.numel() * p.element_size() for m in linears for p in m.parameters()}
+        return sum(tensors.values())
 
     @property
     def hidden_size(self) -> int:

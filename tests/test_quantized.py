@@ -1,5 +1,6 @@
-"""Quantized-copy drafter: greedy exactness for every quantization, the exact-copy invariant
-(bits 16/32 accept everything at any temperature), losslessness at temperature 1, memory."""
+"""Quantized-copy drafter: greedy exactness for every backend and format, the exact-copy invariant
+(bits=32 accepts everything at any temperature), losslessness at temperature 1 with a negative
+control, memory."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from omegaconf import OmegaConf
 import conf
 
 from drafters.quantized import QuantizedDrafter, memory_report
+from specdraft.check.broken import always_accept
 from specdraft.decode import SpeculativeDecoder
 from specdraft.protocol import Drafter
 from specdraft.models import tiny_random_target
@@ -27,16 +29,19 @@ PROMPT = [1, 2, 3, 1, 2]
 
 @pytest.fixture
 def tiny_target() -> TargetModel:
-    """Vocab 16, 2 layers, hidden 64: bitsandbytes 4-bit quantizes blocks of 64 inputs."""
-    return tiny_random_target(vocab_size=16, seed=1, hidden_size=64)
+    """Vocab 16, 2 layers, hidden 64 (bitsandbytes 4-bit quantizes blocks of 64 inputs); weights of
+    std 0.3, so p is peaked and a wrong output law is visible at the statistical tests' N."""
+    return tiny_random_target(vocab_size=16, seed=1, hidden_size=64, init_std=0.3)
 
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"bits": 8}, {"bits": 4, "quant_type": "nf4"}, {"bits": 4, "quant_type": "fp4"},
-     {"bits": 8, "backend": "torch"}, {"bits": 8, "share_embeddings": False},
-     {"bits": 4, "quant_type": "nf4", "blocksize": 32}],
-    ids=["int8", "nf4", "fp4", "torch-int8", "int8-quantized-head", "nf4-blocksize32"],
+    [{"bits": 4}, {"bits": 4, "group_size": 64}, {"bits": 8}, {"bits": 16}, {"bits": 4, "share_embeddings": False},
+     {"bits": 8, "backend": "bitsandbytes"}, {"bits": 4, "backend": "bitsandbytes", "quant_type": "nf4", "group_size": 64},
+     {"bits": 4, "backend": "bitsandbytes", "quant_type": "fp4", "group_size": 64},
+     {"bits": 8, "backend": "torch"}, {"bits": 8, "backend": "bitsandbytes", "share_embeddings": False}],
+    ids=["int4", "int4-group64", "int8", "bf16", "int4-quantized-head", "bnb-int8", "bnb-nf4", "bnb-fp4",
+         "torch-int8", "bnb-int8-quantized-head"],
 )
 def test_greedy_matches_plain_greedy(tiny_target: TargetModel, kwargs: dict) -> None:
     out = SpeculativeDecoder(tiny_target, QuantizedDrafter(**kwargs), 3).generate(PROMPT, 40, stop_token_ids=[])
@@ -44,21 +49,39 @@ def test_greedy_matches_plain_greedy(tiny_target: TargetModel, kwargs: dict) -> 
     assert 0 < out.stats.accepted <= out.stats.drafted
 
 
-@pytest.mark.parametrize("bits", [16, 32])
+@pytest.mark.parametrize("backend", ["fast", "bitsandbytes"])
 @pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=1.0),
                                       SamplingConfig(temperature=0.7, top_k=5, top_p=0.9)],
                          ids=["greedy", "t1", "topk_topp"])
-def test_exact_copy_accepts_everything(tiny_target: TargetModel, bits: int, sampling: SamplingConfig) -> None:
-    dec = SpeculativeDecoder(tiny_target, QuantizedDrafter(bits=bits), 4, sampling)
+def test_exact_copy_accepts_everything(tiny_target: TargetModel, backend: str, sampling: SamplingConfig) -> None:
+    dec = SpeculativeDecoder(tiny_target, QuantizedDrafter(bits=32, backend=backend), 4, sampling)
     stats = dec.generate(PROMPT, 60, stop_token_ids=[]).stats
     assert stats.drafted > 0 and stats.acceptance_rate == 1.0
 
 
-def test_lossless_at_temperature_one(tiny_target: TargetModel) -> None:
+@pytest.mark.parametrize("kwargs", [{"bits": 4}, {"bits": 16}, {"bits": 4, "backend": "bitsandbytes",
+                                                                 "quant_type": "fp4", "group_size": 64}],
+                         ids=["int4", "bf16", "bnb-fp4"])
+def test_lossless_at_temperature_one(tiny_target: TargetModel, kwargs: dict) -> None:
+    assert _two_token_p_value(tiny_target, QuantizedDrafter(**kwargs)) > 1e-4
+
+
+def test_lossless_and_its_negative_control(tiny_target: TargetModel, tmp_path: Path) -> None:
+    """An int4 copy over every other token id: its q differs from p by construction (no mass on the
+    odd ids), so the same test with a verifier that accepts every draft rejects what it passes."""
+    path = tmp_path / "vocab.json"
+    PrunedVocab(range(0, tiny_target.vocab_size, 2), vocab_size=tiny_target.vocab_size).save(path)
+    assert _two_token_p_value(tiny_target, QuantizedDrafter(bits=4, pruned_vocab=path)) > 1e-4
+    assert _two_token_p_value(tiny_target, QuantizedDrafter(bits=4, pruned_vocab=path), always_accept) < 1e-4
+
+
+def _two_token_p_value(target: TargetModel, drafter: QuantizedDrafter, sampler: Callable | None = None) -> float:
+    """Chi-square p-value of the first two sampled tokens (T = 1, 800 seeds) against the exact law."""
     sampling = SamplingConfig(temperature=1.0)
-    dec = SpeculativeDecoder(tiny_target, QuantizedDrafter(bits=4, quant_type="fp4"), 2, sampling)
-    counts = sample_two_tokens(dec, PROMPT, 800, tiny_target.vocab_size)
-    assert pooled_chisquare(counts, exact_two_token_distribution(tiny_target, PROMPT, sampling)) > 1e-4
+    extra = {} if sampler is None else {"sampler": sampler}
+    dec = SpeculativeDecoder(target, drafter, 2, sampling, **extra)
+    counts = sample_two_tokens(dec, PROMPT, 800, target.vocab_size)
+    return pooled_chisquare(counts, exact_two_token_distribution(target, PROMPT, sampling))
 
 
 def check_pruned_vocab_exact(target: TargetModel, make_drafter: Callable[[Path], Drafter], tmp_path: Path) -> None:
@@ -78,8 +101,8 @@ def test_pruned_vocab_stays_exact(tiny_target: TargetModel, tmp_path: Path) -> N
 
 def test_config_instantiates(tiny_target: TargetModel) -> None:
     cfg = OmegaConf.load(Path(conf.__file__).parent / "drafter" / "quantized.yaml")
-    drafter = instantiate(cfg, bits=4)
-    assert isinstance(drafter, QuantizedDrafter) and drafter.bits == 4 and drafter.quant_type == "nf4"
+    drafter = instantiate(cfg, bits=16)
+    assert isinstance(drafter, QuantizedDrafter) and drafter.bits == 16 and drafter.backend == "auto"
     drafter.bind(tiny_target)
     assert drafter.memory["copy_bytes"] > 0
 
@@ -95,16 +118,26 @@ def test_yaml_repeats_the_constructor_defaults() -> None:
 
 def test_memory_report(tiny_target: TargetModel) -> None:
     sizes = {}
-    for bits in (4, 8, 32):
+    for bits in (4, 8, 16, 32):
         drafter = QuantizedDrafter(bits=bits)
         drafter.bind(tiny_target)
         sizes[bits] = drafter.memory["copy_bytes"]
+        assert drafter.memory["target_bytes"] == tiny_target.weight_bytes
+    assert 0 < sizes[4] < sizes[8] < sizes[16] < sizes[32]
+    assert sizes[32] == tiny_target.weight_bytes - tiny_target.vocab_size * tiny_target.hidden_size * 4  # no head
+    small_groups = QuantizedDrafter(bits=4, group_size=32)
+    large_groups = QuantizedDrafter(bits=4, group_size=64)
+    small_groups.bind(tiny_target)
+    large_groups.bind(tiny_target)
+    assert small_groups.memory["copy_bytes"] > large_groups.memory["copy_bytes"]  # twice the scales
+    bnb = {}
+    for bits in (4, 8, 32):
+        drafter = QuantizedDrafter(bits=bits, backend="bitsandbytes", group_size=64)
+        drafter.bind(tiny_target)
+        bnb[bits] = drafter.memory["copy_bytes"]
     target_bytes = memory_report(tiny_target.model, tiny_target.model)["target_bytes"]
-    assert sizes[32] == 0  # the exact copy shares every tensor
-    assert 0 < sizes[4] < sizes[8] < target_bytes
-    small_blocks = QuantizedDrafter(bits=4, blocksize=32)
-    small_blocks.bind(tiny_target)
-    assert small_blocks.memory["copy_bytes"] > sizes[4]  # twice the absmax scales
+    assert bnb[32] == 0  # the Hugging Face copy shares every tensor
+    assert 0 < bnb[4] < bnb[8] < target_bytes
 
 
 def test_bad_arguments(tiny_target: TargetModel, tmp_path: Path) -> None:
@@ -114,10 +147,14 @@ def test_bad_arguments(tiny_target: TargetModel, tmp_path: Path) -> None:
         QuantizedDrafter(bits=4, quant_type="int4")
     with pytest.raises(ValueError, match="backend"):
         QuantizedDrafter(backend="gptq")
-    with pytest.raises(ValueError, match="blocksize"):
-        QuantizedDrafter(bits=4, blocksize=48)
+    with pytest.raises(ValueError, match="group_size"):
+        QuantizedDrafter(bits=4, group_size=48)
     with pytest.raises(ValueError, match="bits=8 only"):
         QuantizedDrafter(bits=4, backend="torch")
+    with pytest.raises(ValueError, match="bfloat16"):
+        QuantizedDrafter(bits=16, backend="bitsandbytes")
+    with pytest.raises(ValueError, match="group_size that divides 64"):
+        QuantizedDrafter(bits=4, group_size=128).bind(tiny_target)
     path = tmp_path / "vocab.json"
     PrunedVocab([1, 2], vocab_size=99).save(path)
     with pytest.raises(ValueError, match="built for 99 tokens"):
@@ -125,8 +162,8 @@ def test_bad_arguments(tiny_target: TargetModel, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_default_target_int8_greedy(default_target: TargetModel) -> None:
+def test_default_target_int4_greedy(default_target: TargetModel) -> None:
     prompt = default_target.tokenizer("def fibonacci(n):")["input_ids"]
-    out = SpeculativeDecoder(default_target, QuantizedDrafter(bits=8), 3).generate(prompt, 12, stop_token_ids=[])
+    out = SpeculativeDecoder(default_target, QuantizedDrafter(), 3).generate(prompt, 12, stop_token_ids=[])
     assert out.token_ids[0].tolist() == plain_greedy(default_target, prompt, 12)
     assert out.stats.acceptance_rate > 0.5
