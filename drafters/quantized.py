@@ -31,10 +31,17 @@ import torch
 from torch import Tensor, nn
 
 from specdraft.draft_loop import DraftCache, draft_autoregressively
-from specdraft.linear_formats import FLOAT, INT4_GROUP_SIZES, Linear, WeightFormat, make_linear
+from specdraft.linear_formats import (
+    FLOAT,
+    INT4_GROUP_SIZES,
+    Linear,
+    WeightFormat,
+    make_linear,
+)
 from specdraft.protocol import Draft, DraftContext
+from specdraft.shipped import shipped_pruned_vocab
 from specdraft.target import TargetModel
-from specdraft.vocab import PrunedVocab, resolve_pruned_vocab
+from specdraft.vocab import AUTO, PrunedVocab, resolve_pruned_vocab
 
 BITS = (4, 8, 16, 32)
 QUANT_TYPES = ("nf4", "fp4")
@@ -152,11 +159,16 @@ class QuantizedDrafter:
         bitsandbytes: the absmax block size).
     quant_type: bitsandbytes 4-bit only: nf4 or fp4.
     share_embeddings: take logits from the target's own lm_head (True) or quantize the head too.
-    pruned_vocab: None = the full vocabulary; a path to a `PrunedVocab` JSON or a `PrunedVocab`:
-        project onto that subset of ids only ("auto" is None too: a quantized copy has no artifact
-        to save a subset with). Its rows are stored in the copy's format.
+    pruned_vocab: "auto" = the subset shipped for this target with another artifact
+        (`specdraft.shipped.shipped_pruned_vocab`; the full vocabulary when there is none); None =
+        the full vocabulary; a path to a `PrunedVocab` JSON or a `PrunedVocab`: project onto that
+        subset of ids only. Its rows are stored in the copy's format.
     int8_threshold: bitsandbytes LLM.int8 outlier threshold (activations above it stay in 16 bit;
         0 = pure int8); benchmarks/RESULTS.md has the measured agreement per setting.
+    share_kv: fast backend: draft on the target's own KV cache (`TargetModel.with_weights`): the
+        copy attends over the target's keys/values of the committed tokens and computes only the
+        newest token and its drafts, so it has no prefill and no cache to catch up; False = a cache
+        of its own (the copy's K/V everywhere). Either way q is the copy's, so verification is exact.
     """
 
     needs_target_hidden: ClassVar[bool] = False
@@ -172,6 +184,7 @@ class QuantizedDrafter:
         share_embeddings: bool = True,
         pruned_vocab: str | Path | PrunedVocab | None = None,
         int8_threshold: float = 6.0,
+        share_kv: bool = True,
     ) -> None:
         if bits not in BITS:
             raise ValueError(f"bits must be one of {BITS} (16 = bfloat16, 32 = no quantization), got {bits!r}.")
@@ -188,6 +201,8 @@ class QuantizedDrafter:
         self.bits, self.backend, self.group_size, self.quant_type = bits, backend, group_size, quant_type
         self.share_embeddings = share_embeddings
         self.int8_threshold = int8_threshold
+        self.share_kv = share_kv
+        self._shared: TargetModel | None = None  # the copy on the target's own KV cache (share_kv)
         self.pruned_vocab_spec = pruned_vocab
         self.vocab: PrunedVocab | None = None
         self.memory: dict[str, int] = {}
@@ -201,7 +216,10 @@ class QuantizedDrafter:
 
     def bind(self, target: TargetModel) -> None:
         """Build the quantized copy (once per target) and report its memory."""
-        vocab = resolve_pruned_vocab(self.pruned_vocab_spec, None, target.vocab_size)
+        spec = self.pruned_vocab_spec
+        if isinstance(spec, str) and spec == AUTO:  # the subset shipped for this target, if any
+            spec = shipped_pruned_vocab(target)
+        vocab = resolve_pruned_vocab(spec, None, target.vocab_size)
         backend = resolve_backend(self.backend, target.device)
         if backend == "torch" and target.device.type != "cpu":
             raise ValueError("backend='torch' (dynamic int8) runs on CPU only; use backend='bitsandbytes'.")
@@ -221,18 +239,23 @@ class QuantizedDrafter:
         if not target.fast:
             raise ValueError("backend='fast' needs a target the fast stack runs (target.fast); use backend=bitsandbytes.")
         own_head = self.vocab is None and not self.share_embeddings
-        runner = TargetModel(target.model, eos_token_ids=target.eos_token_ids, fast=True, weights=fmt,
-                             head=own_head)
+        if self.share_kv:
+            runner = target.with_weights(fmt, head=own_head)
+        else:
+            runner = TargetModel(target.model, eos_token_ids=target.eos_token_ids, fast=True, weights=fmt,
+                                 head=own_head)
         self._head = None
         if self.vocab is not None:
             self._head = make_linear(self.vocab.head(target.lm_head.weight), None, fmt)  # [M, H]
         head_bytes = self._head.nbytes if self._head is not None else 0
         # the fast stack packs its own weights, so even bits=32 holds a second (exact) copy
         self.memory = {"target_bytes": target.weight_bytes, "copy_bytes": head_bytes + runner.weight_bytes}
-        self._cache = DraftCache(runner)
+        self._shared = runner if self.share_kv else None
+        self._cache = None if self.share_kv else DraftCache(runner)
 
     def _bind_hf(self, target: TargetModel, backend: str) -> None:
-        """A copy of the Hugging Face model with bitsandbytes / torch-dynamic layers."""
+        """A copy of the Hugging Face model with bitsandbytes / torch-dynamic layers (its own cache)."""
+        self._shared = None
         model = quantized_copy(target.model, self.bits, self.quant_type, backend, self.share_embeddings,
                                self.int8_threshold, self.group_size)
         self.memory = memory_report(target.model, model)
@@ -255,20 +278,40 @@ class QuantizedDrafter:
 
     def _next_logits(self, feed: Tensor) -> Tensor:
         """Run feed [1, n] after the cached positions; logits [1, M or V] of the next token."""
-        assert self._cache is not None and self._target is not None
-        hidden = self._cache.forward(feed)  # [1, H] post-norm
+        assert self._target is not None
+        if self._shared is not None:
+            runner = self._shared
+            hidden = runner.forward(feed, num_logits=0).hidden[:, -1]  # [1, H] post-norm
+        else:
+            assert self._cache is not None
+            runner = self._cache.runner
+            hidden = self._cache.forward(feed)  # [1, H] post-norm
         if self._head is not None:  # pruned rows [M, H]
             return self._head(hidden).float()
-        if self._cache.runner.has_head:
-            return self._cache.runner.logits(hidden)  # the copy's own lm_head (quantized or shared)
+        if runner.has_head:
+            return runner.logits(hidden)  # the copy's own (quantized) lm_head
         return self._target.logits(hidden)  # the target's own head
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext, num_tokens: int) -> Draft:
         """Catch the copy's cache up with ctx, then draft num_tokens tokens one at a time."""
-        if self._cache is None:
+        if self._cache is None and self._shared is None:
             raise ValueError("QuantizedDrafter.propose called before bind(target).")
         if ctx.token_ids.shape[0] != 1:
             raise NotImplementedError("QuantizedDrafter supports batch size 1.")
-        feed = self._cache.feed(ctx.token_ids)  # [1, n >= 1] not yet in the copy's cache
-        return draft_autoregressively(self._next_logits, feed, num_tokens, ctx, self.vocab)
+        if self._shared is None:
+            assert self._cache is not None
+            feed = self._cache.feed(ctx.token_ids)  # [1, n >= 1] not yet in the copy's cache
+            return draft_autoregressively(self._next_logits, feed, num_tokens, ctx, self.vocab)
+        # on the target's cache: it holds every committed token but the newest (the decoding loop's
+        # invariant); the copy runs the newest and its drafts after it, then they are cropped away
+        committed = ctx.token_ids.shape[1] - 1
+        if self._shared.cache_length != committed:
+            raise ValueError(
+                f"share_kv drafting expects the target's cache to hold the {committed} committed tokens "
+                f"before the newest, but it holds {self._shared.cache_length}; use share_kv=false here."
+            )
+        try:
+            return draft_autoregressively(self._next_logits, ctx.token_ids[:, -1:], num_tokens, ctx, self.vocab)
+        finally:
+            self._shared.crop(committed)

@@ -12,6 +12,13 @@ ratio comes from one run on one machine state. Writes into Hydra's run dir:
     results.md     a table per category and overall
     *.png          acceptance per position, speedup per category, measured vs predicted speedup
 
+llama.cpp peers (`llamacpp`, `llamacpp_lookup`, `llamacpp_q4`; built by `make llamacpp`,
+`specdraft.llamacpp`) run the same prompt tokens and budget through llama.cpp's own tools, timed by
+llama.cpp's timers. The physical limit (`specdraft.roofline`): the machine's read bandwidth is
+measured once before the prompts; each prompt's bytes per decode step (weights + KV cache at its
+mean context) give the roofline AR tok/s, and each method's decode tok/s is reported as a fraction
+of it.
+
 Before any model loads, every setting, every prompt (tokenised: prompt + new tokens within the
 target's context) and the output folder are checked, and every problem is reported in one error
 (`specdraft.bench_checks`). results.json and results.md are rewritten after each prompt, marked
@@ -45,7 +52,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from specdraft import bench_checks, costs, machine_load, theory
+from specdraft import bench_checks, costs, llamacpp, machine_load, roofline, theory
 from specdraft.build import drafter_config, make_decoder, make_drafter
 from specdraft.console import hydra_cli
 from specdraft.decode import SpeculativeDecoder
@@ -56,7 +63,25 @@ from specdraft.suites import SuitePrompt
 from specdraft.target import TargetModel
 
 AR = "autoregressive"
-PEERS = ("hf_generate", "hf_prompt_lookup", "hf_assisted", "hf_early_exit")
+HF_PEERS = ("hf_generate", "hf_prompt_lookup", "hf_assisted", "hf_early_exit")
+
+
+@dataclass(frozen=True)
+class LlamaCppPeerKind:
+    """A llama.cpp peer: which GGUF of `make llamacpp` it runs, and whether with lookup decoding."""
+
+    model: str  # a key of llamacpp.MODELS
+    lookup: bool
+
+
+LLAMACPP_PEERS = {
+    "llamacpp": LlamaCppPeerKind("f32", lookup=False),  # the same weights as ours, plain decoding
+    "llamacpp_lookup": LlamaCppPeerKind("f32", lookup=True),  # its n-gram (lookup) decoding
+    "llamacpp_q4": LlamaCppPeerKind("q4_1", lookup=False),  # the GGUF's own Q4_1 weights
+}
+PEERS = HF_PEERS + tuple(LLAMACPP_PEERS)
+# Ours vs llama.cpp: the method of ours (by its bench name) that does what a llama.cpp peer does.
+LLAMACPP_COUNTERPARTS = {AR: "llamacpp", "ngram": "llamacpp_lookup"}
 OUTPUTS = ("results.json", "results.md", *PLOT_FILES)  # what a run writes into its folder
 
 
@@ -84,11 +109,28 @@ def peer_kwargs(drafter: Any) -> dict[str, Any]:
 
 @dataclass
 class Run:
-    """One generation of one method on one prompt."""
+    """One generation of one method on one prompt.
+
+    token_ids is empty for a peer that prints text (llama.cpp): new_tokens then counts its tokens
+    and text holds its output. decode_seconds / decode_tokens: the part after the prompt's forward
+    (None when the method does not split its time)."""
 
     seconds: float
     token_ids: list[int]
     stats: GenerationStats | None = None
+    new_tokens: int | None = None
+    text: str | None = None
+    decode_seconds: float | None = None
+    decode_tokens: int | None = None
+    lookup: llamacpp.LookupStats | None = None
+
+    @property
+    def tokens(self) -> int:
+        return len(self.token_ids) if self.new_tokens is None else self.new_tokens
+
+    @property
+    def has_token_ids(self) -> bool:
+        return self.new_tokens is None
 
 
 @dataclass
@@ -101,12 +143,56 @@ class Method:
     peer_kwargs: dict[str, Any] = field(default_factory=dict)
     hf_counterpart: str | None = None  # the drafter's declared HF counterpart (ours vs HF table)
     baseline: str = AR  # the autoregressive method on the same target (forward stack)
+    llamacpp: LlamaCppPeer | None = None  # set for a llama.cpp peer
 
     def run(self, target: TargetModel, ids: list[int], max_new: int, sampling: Any) -> Run:
         if self.decoder is not None:
             res = self.decoder.generate(ids, max_new, sampling=sampling)
-            return Run(res.stats.total_s, res.token_ids[0].tolist(), res.stats)
+            s = res.stats
+            return Run(s.total_s, res.token_ids[0].tolist(), s,
+                       decode_seconds=s.total_s - s.prefill_s, decode_tokens=s.new_tokens)
+        if self.llamacpp is not None:
+            return self.llamacpp.run(target, ids, max_new, sampling)
         return run_peer(target, ids, max_new, sampling, self.peer_kwargs)
+
+
+# ----------------------------------------------------------------------------- llama.cpp peers
+@dataclass(frozen=True)
+class LlamaCppPeer:
+    """A llama.cpp tool on one GGUF with our threads and context (`specdraft.llamacpp`)."""
+
+    model: Path
+    draft_max: int | None  # None = plain decoding
+    threads: int
+    context: int
+
+    def run(self, target: TargetModel, ids: list[int], max_new: int, sampling: Any) -> Run:
+        """The same prompt tokens (as text, see specdraft.llamacpp), budget and sampling settings."""
+        if target.tokenizer is None:
+            raise ValueError(bench_checks.NO_TOKENIZER)
+        text = target.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        request = llamacpp.Request(
+            prompt=text, max_new_tokens=max_new, threads=self.threads, context=self.context,
+            temperature=float(sampling.temperature), top_k=int(sampling.top_k), top_p=float(sampling.top_p),
+            seed=int(sampling.seed), draft_max=self.draft_max)
+        out = llamacpp.run(request, self.model, prompt_tokens=len(ids))
+        return Run(out.seconds, [], new_tokens=out.new_tokens, text=out.text,
+                   decode_seconds=out.decode_seconds, decode_tokens=out.decode_tokens, lookup=out.lookup)
+
+
+def make_llamacpp_peers(cfg: DictConfig, target: TargetModel) -> list[Method]:
+    """The llama.cpp peers requested in bench.peers (checked by bench_checks before any load)."""
+    threads = int(cfg.bench.threads or torch.get_num_threads())
+    methods = []
+    for name in bench_checks.names(cfg.bench.peers):
+        kind = LLAMACPP_PEERS.get(name)
+        if kind is None:
+            continue
+        draft_max = int(cfg.bench.llamacpp_lookup_draft_max) if kind.lookup else None
+        label = f"{name}[{draft_max}]" if kind.lookup else name
+        peer = LlamaCppPeer(llamacpp.model_path(kind.model), draft_max, threads, target.max_context)
+        methods.append(Method(label, peer=name, llamacpp=peer))
+    return methods
 
 
 # ----------------------------------------------------------------------------- HF peers
@@ -145,6 +231,8 @@ def make_peers(cfg: DictConfig, target: TargetModel, drafters: dict[str, Any]) -
     for name in bench_checks.names(cfg.bench.peers):
         if name not in PEERS:
             raise ValueError(f"unknown peer {name!r}; choose from {list(PEERS)}.")
+        if name in LLAMACPP_PEERS:
+            continue  # make_llamacpp_peers
         own = next((peer_kwargs(d) for d in drafters.values() if type(d).hf_counterpart == name), None)
         if name == "hf_generate":
             methods.append(Method(name, peer=name))
@@ -191,25 +279,55 @@ def run_predicted_speedup(
     return theory.predicted_speedup(s.acceptance_per_position, t_q, t_v, mix, s.prefill_s, ar_step_s)
 
 
+def decode_tokens_per_s(runs: list[Run]) -> float | None:
+    """Median over runs of the tokens produced after the prompt's forward per second spent there
+    (None when the method does not split its time, e.g. Hugging Face generate)."""
+    rates = [r.decode_tokens / r.decode_seconds for r in runs
+             if r.decode_seconds and r.decode_tokens is not None and r.decode_seconds > 0]
+    return statistics.median(rates) if rates else None
+
+
+def texts_agree(a: str, b: str) -> bool:
+    """Two outputs agree when the shorter is the start of the longer (llama-lookup may run past
+    the token budget by a few tokens)."""
+    return a.startswith(b) or b.startswith(a)
+
+
 def summarize(
-    method: Method, runs: list[Run], ar_runs: list[Run], step_s: dict[str, float]
+    method: Method, runs: list[Run], ar_runs: list[Run], step_s: dict[str, float],
+    limit_tps: float | None = None, visible: Callable[[Run], str] | None = None,
 ) -> dict[str, Any]:
     """Median-based record of one method on one prompt; step_s: seconds of one AR step per
-    baseline method (measured in this prompt's runs)."""
+    baseline method (measured in this prompt's runs); limit_tps: the prompt's roofline AR tok/s
+    (`specdraft.roofline`), None when not measured. A peer that prints text (llama.cpp) has no
+    token ids to compare: its greedy_match is None, text_output true, and text_match says whether
+    its text agrees with AR's (`texts_agree` of visible(run): the text without special tokens)."""
     med = statistics.median(r.seconds for r in runs)
     ar_med = statistics.median(r.seconds for r in ar_runs)
-    tokens = len(runs[0].token_ids)
-    ar_tokens = len(ar_runs[0].token_ids)
+    tokens = runs[0].tokens
+    ar_tokens = ar_runs[0].tokens
     tps = tokens / med if med > 0 else 0.0
     ar_tps = ar_tokens / ar_med if ar_med > 0 else 0.0
+    decode_tps = decode_tokens_per_s(runs)
     rec: dict[str, Any] = {
         "method": method.name,
         "tokens": tokens,
         "seconds_median": med,
         "tokens_per_s": tps,
         "speedup": tps / ar_tps if ar_tps > 0 else None,
-        "greedy_match": runs[0].token_ids == ar_runs[0].token_ids,
+        "greedy_match": runs[0].token_ids == ar_runs[0].token_ids if runs[0].has_token_ids else None,
+        "text_output": not runs[0].has_token_ids,
+        "decode_tokens_per_s": decode_tps,
+        "roofline_fraction": decode_tps / limit_tps if (decode_tps is not None and limit_tps) else None,
     }
+    if runs[0].text is not None:
+        rec["output_text"] = runs[0].text
+        rec["text_match"] = texts_agree(visible(runs[0]), visible(ar_runs[0])) if visible else None
+    lookups = [r.lookup for r in runs if r.lookup is not None]
+    if lookups:
+        lk = lookups[len(lookups) // 2]
+        rec.update(acceptance_rate=lk.acceptance_rate, drafted=lk.n_drafted, accepted=lk.n_accept,
+                   draft_max=lk.n_draft)
     stats = [r.stats for r in runs if r.stats is not None]
     if stats and method.decoder is not None:
         s = stats[len(stats) // 2]
@@ -262,7 +380,7 @@ def build_methods(cfg: DictConfig, target: TargetModel) -> list[Method]:
                 drafters[label] = drafter
             methods.append(Method(label, decoder=make_decoder(cfg, tgt, drafter, dcfg),
                                   hf_counterpart=type(drafter).hf_counterpart, baseline=AR + suffix))
-    return methods + make_peers(cfg, target, drafters)
+    return methods + make_peers(cfg, target, drafters) + make_llamacpp_peers(cfg, target)
 
 
 def _drafter_label(cfg: DictConfig) -> str:
@@ -283,7 +401,7 @@ def plan_bench(cfg: DictConfig, out_dir: Path) -> BenchPlan:
     categories, output folder, and every prompt's length with the target's tokenizer and context
     where `bench_checks.preview_target` can read them) and raise one ValueError naming every
     problem; else the prompts to run."""
-    problems = bench_checks.setting_problems(cfg, PEERS, drafter_config)
+    problems = bench_checks.setting_problems(cfg, PEERS, drafter_config, tuple(LLAMACPP_PEERS))
     prompts, suite_problems = bench_checks.suite_problems(cfg)
     problems += suite_problems
     problems += bench_checks.output_problems(out_dir, OUTPUTS, bool(cfg.bench.get("overwrite", False)))
@@ -332,22 +450,65 @@ def time_prompt(
 
 
 def prompt_records(
-    methods: list[Method], runs: dict[str, list[Run]], prompt: SuitePrompt, greedy: bool
+    methods: list[Method], runs: dict[str, list[Run]], prompt: SuitePrompt, greedy: bool,
+    limit: dict[str, Any] | None = None, visible: Callable[[Run], str] | None = None,
 ) -> list[dict[str, Any]]:
-    """One record per method for one prompt; a greedy output that differs from AR's is reported."""
+    """One record per method for one prompt; a greedy output that differs from AR's is reported.
+    limit: the prompt's physical limit (`prompt_limit`), None when not measured; visible: a
+    run's output as text without special tokens (`visible_text`), for peers that print text."""
     step_s = {m.name: verify_seconds_by_k([r.stats for r in runs[m.name] if r.stats]).get(0, 0.0)
               for m in methods if m.name == m.baseline}
+    limit_tps = limit["roofline_tokens_per_s"] if limit else None
     records = []
     for method in methods:
-        rec = summarize(method, runs[method.name], runs[AR], step_s)
-        rec.update(prompt=prompt.id, category=prompt.category, hf_counterpart=method.hf_counterpart)
+        rec = summarize(method, runs[method.name], runs[AR], step_s, limit_tps, visible)
+        rec.update(prompt=prompt.id, category=prompt.category, hf_counterpart=method.hf_counterpart,
+                   llamacpp_counterpart=LLAMACPP_COUNTERPARTS.get(method.name))
+        if limit:
+            rec["roofline"] = limit
         if not greedy:  # sampled outputs differ by design: there is nothing to compare
             rec["greedy_match"] = None
-        if greedy and not rec["greedy_match"]:
+            if "text_match" in rec:
+                rec["text_match"] = None
+        if greedy and rec["greedy_match"] is False:
             print(f"\n!!! GREEDY MISMATCH: {method.name} on {prompt.id} differs from the "
                   "autoregressive output !!!", file=sys.stderr)
         records.append(rec)
     return records
+
+
+def measure_bandwidth(cfg: DictConfig, target: TargetModel) -> dict[str, Any] | None:
+    """The read bandwidth of the target's device with the bench's threads, measured once before
+    any prompt (`roofline.measure_read_bandwidth`); None when bench.bandwidth_bytes is 0."""
+    nbytes = int(cfg.bench.bandwidth_bytes)
+    if nbytes == 0:
+        return None
+    threads = torch.get_num_threads()
+    bandwidth = roofline.measure_read_bandwidth(threads, nbytes, device=target.device)
+    return {"read_bytes_per_s": bandwidth, "buffer_bytes": nbytes, "threads": threads,
+            "device": str(target.device)}
+
+
+def visible_text(tokenizer: Any) -> Callable[[Run], str]:
+    """A run's output as text without special tokens: decoded token ids, or a text peer's output
+    with the tokenizer's special tokens removed (llama-lookup prints the end-of-turn token)."""
+    specials = [t for t in getattr(tokenizer, "all_special_tokens", []) if t]
+
+    def visible(run: Run) -> str:
+        if run.text is None:
+            return tokenizer.decode(run.token_ids, skip_special_tokens=True)
+        text = run.text
+        for token in specials:
+            text = text.replace(token, "")
+        return text
+
+    return visible
+
+
+def prompt_limit(target: TargetModel, bandwidth: float, context: int) -> dict[str, Any]:
+    """Bytes per decode step at `context` cached positions and the roofline AR tok/s they allow."""
+    step = roofline.step_bytes(target, context)
+    return {**step, "roofline_tokens_per_s": bandwidth / step["total"]}
 
 
 def run_bench(cfg: DictConfig, out_dir: Path, plan: BenchPlan | None = None) -> dict[str, Any]:
@@ -370,6 +531,8 @@ def run_bench(cfg: DictConfig, out_dir: Path, plan: BenchPlan | None = None) -> 
     for tgt in {id(m.decoder.target): m.decoder.target for m in methods if m.decoder}.values():
         costs.verify_curve(tgt, curve_tokens)  # the one verify-cost model, measured before any timing
     sampling = methods[0].decoder.sampling  # type: ignore[union-attr]
+    bandwidth = measure_bandwidth(cfg, target)
+    visible = visible_text(target.tokenizer) if target.tokenizer is not None else None
     reps, warmup = int(cfg.bench.repetitions), int(cfg.bench.warmup)
     progress = Progress(len(plan.prompts) * (reps + warmup) * len(methods), len(plan.prompts))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -380,7 +543,7 @@ def run_bench(cfg: DictConfig, out_dir: Path, plan: BenchPlan | None = None) -> 
     def write(partial: bool) -> dict[str, Any]:
         machine = machine_load.MachineLoad(os.cpu_count(), torch.get_num_threads(), load_before,
                                            machine_load.load_average())
-        result = make_result(cfg, records, sampling.greedy, progress, machine, partial)
+        result = make_result(cfg, records, sampling.greedy, progress, machine, partial, bandwidth)
         write_text_atomically(out_dir / "results.json", json.dumps(result, indent=1, default=str))
         write_text_atomically(out_dir / "results.md", render_markdown(result))
         return result
@@ -396,7 +559,9 @@ def run_bench(cfg: DictConfig, out_dir: Path, plan: BenchPlan | None = None) -> 
             ids = prompt.token_ids(target.tokenizer)
             max_new = prompt.max_new_tokens or int(cfg.max_new_tokens)
             runs = time_prompt(methods, target, ids, max_new, sampling, warmup, reps, on_run)
-            records.extend(prompt_records(methods, runs, prompt, sampling.greedy))
+            mean_context = len(ids) + runs[AR][0].tokens // 2  # the KV cache's mean length while decoding
+            limit = prompt_limit(target, bandwidth["read_bytes_per_s"], mean_context) if bandwidth else None
+            records.extend(prompt_records(methods, runs, prompt, sampling.greedy, limit, visible))
             progress.prompts_done += 1
             write(partial=True)  # after every prompt: a killed run keeps what it did
     except (KeyboardInterrupt, Exception) as err:
@@ -419,9 +584,9 @@ def run_bench(cfg: DictConfig, out_dir: Path, plan: BenchPlan | None = None) -> 
 
 def make_result(
     cfg: DictConfig, records: list[dict[str, Any]], greedy: bool, progress: Progress,
-    machine: machine_load.MachineLoad, partial: bool,
+    machine: machine_load.MachineLoad, partial: bool, bandwidth: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The results.json object of the records so far."""
+    """The results.json object of the records so far; bandwidth: `measure_bandwidth`'s record."""
     return {
         "config": OmegaConf.to_container(cfg, resolve=True),
         "partial": partial,
@@ -431,7 +596,8 @@ def make_result(
         "records": records,
         "summary": aggregate(records),
         "peer_ratios": peer_ratios(records),
-        "greedy_mismatches": [(r["method"], r["prompt"]) for r in records if greedy and not r["greedy_match"]],
+        "roofline": roofline_summary(records, bandwidth),
+        "greedy_mismatches": [(r["method"], r["prompt"]) for r in records if greedy and r["greedy_match"] is False],
     }
 
 
@@ -459,21 +625,40 @@ def aggregate(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, An
             "overhead_fraction": _median([r.get("overhead_fraction") for r in rs]),
             "greedy_match": None if any(r["greedy_match"] is None for r in rs) else all(
                 r["greedy_match"] for r in rs),
+            "text_output": any(r.get("text_output") for r in rs),
+            "text_match": None if any(r.get("text_match") is None for r in rs) else all(
+                r["text_match"] for r in rs),
+            "decode_tokens_per_s": _median([r.get("decode_tokens_per_s") for r in rs]),
+            "roofline_fraction": _median([r.get("roofline_fraction") for r in rs]),
         }
     return dict(out)
 
 
+def roofline_summary(records: list[dict[str, Any]], bandwidth: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The measured bandwidth and the medians over prompts of the bytes per decode step and the
+    roofline AR tok/s (None when the bandwidth was not measured)."""
+    if bandwidth is None:
+        return None
+    limits = list({r["prompt"]: r["roofline"] for r in records if r.get("roofline")}.values())
+    keys = ("weights", "embedding_row", "kv_cache", "total", "context", "roofline_tokens_per_s")
+    return {**bandwidth, "prompts": len(limits), "dtype": limits[0]["dtype"] if limits else None,
+            **{k: _median([lim[k] for lim in limits]) for k in keys}}
+
+
+COUNTERPART_KEYS = ("hf_counterpart", "llamacpp_counterpart")  # record fields naming a method's peers
+
+
 def peer_ratios(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Ours vs the Hugging Face counterpart (best variant) per drafter: median over prompts of
-    our tok/s divided by the peer's tok/s on the same prompt."""
+    """Ours vs each declared counterpart (best variant): the drafter's Hugging Face counterpart
+    and the llama.cpp peer of LLAMACPP_COUNTERPARTS; median over prompts of our tok/s divided by
+    the peer's tok/s on the same prompt."""
     by_prompt: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
     for r in records:
         by_prompt[r["prompt"]][r["method"]] = r
-    methods = {r["method"]: r.get("hf_counterpart") for r in records}
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    pairs = list(dict.fromkeys((r["method"], r[key]) for key in COUNTERPART_KEYS for r in records if r.get(key)))
     out = []
-    for name, peer in methods.items():
-        if not peer:
-            continue
+    for name, peer in pairs:
         variants = sorted({m for m in methods if m.split("[")[0] == peer})
         if not variants:
             continue
@@ -490,8 +675,11 @@ def _fmt(x: Any, spec: str = ".2f") -> str:
     return "-" if x is None else (format(x, spec) if isinstance(x, float) else str(x))
 
 
-def _match(greedy_match: bool | None) -> str:
-    """The "greedy = AR" cell: n/a when sampling (outputs are not expected to be equal)."""
+def _match(greedy_match: bool | None, text_output: bool = False, text_match: bool | None = None) -> str:
+    """The "greedy = AR" cell: n/a when sampling (outputs are not expected to be equal); for a
+    peer that prints text instead of token ids (llama.cpp), whether its text agrees with AR's."""
+    if text_output and text_match is not None:
+        return "same text" if text_match else "other text"
     return "n/a (sampled)" if greedy_match is None else ("yes" if greedy_match else "NO")
 
 
@@ -519,19 +707,44 @@ def render_markdown(result: dict[str, Any]) -> str:
                 f"| {method} | {_fmt(m['speedup'])}x | {_fmt(m['tokens_per_s'], '.1f')} | "
                 f"{_fmt(m['acceptance_rate'])} | {_fmt(m['mean_accepted_length'])} | "
                 f"{_fmt(m['efficiency'])} | {_fmt(m['overhead_fraction'], '.1%')} | "
-                f"{_match(m['greedy_match'])} |"
+                f"{_match(m['greedy_match'], m.get('text_output', False), m.get('text_match'))} |"
             )
         lines.append("")
     if result["peer_ratios"]:
-        lines.append("## ours vs Hugging Face counterpart (median tok/s ratio)\n")
-        lines.append("| ours | HF peer | ratio | prompts |")
+        lines.append("## ours vs peer: Hugging Face and llama.cpp counterparts (median tok/s ratio)\n")
+        lines.append("| ours | peer | ratio | prompts |")
         lines.append("|---|---|---|---|")
         for r in result["peer_ratios"]:
             lines.append(f"| {r['method']} | {r['peer']} | {_fmt(r['ratio'])}x | {r['prompts']} |")
         lines.append("")
+    lines += roofline_markdown(result)
     if result["greedy_mismatches"]:
         lines.append(f"**GREEDY MISMATCHES:** {result['greedy_mismatches']}\n")
     return "\n".join(lines)
+
+
+def roofline_markdown(result: dict[str, Any]) -> list[str]:
+    """The physical-limit section: bandwidth, bytes per step, roofline tok/s, decode tok/s per method."""
+    limit = result.get("roofline")
+    if not limit or not limit.get("prompts"):
+        return []
+    mb = 1e6
+    lines = [
+        "## physical limit: decode tok/s vs the memory-bandwidth roofline\n",
+        (f"Read bandwidth {limit['read_bytes_per_s'] / 1e9:.1f} GB/s (measured in this run on {limit['device']}, "
+         f"{limit['threads']} threads). Bytes per decode step ({limit['dtype']}, median over "
+         f"{limit['prompts']} prompts): weights {limit['weights'] / mb:.1f} MB + embedding row "
+         f"{limit['embedding_row'] / mb:.3f} MB + KV cache {limit['kv_cache'] / mb:.1f} MB at the mean context of "
+         f"{limit['context']:.0f} positions = {limit['total'] / mb:.1f} MB: roofline AR decode "
+         f"{limit['roofline_tokens_per_s']:.1f} tok/s. A speculative method (several tokens per forward) "
+         "or one that reads fewer bytes (llamacpp_q4) can exceed 1.\n"),
+        "| method | decode tok/s | fraction of the roofline |",
+        "|---|---|---|",
+    ]
+    for method, m in result["summary"].get("overall", {}).items():
+        lines.append(f"| {method} | {_fmt(m.get('decode_tokens_per_s'), '.1f')} | {_fmt(m.get('roofline_fraction'))} |")
+    lines.append("")
+    return lines
 
 
 @hydra_cli("bench")

@@ -19,7 +19,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from specdraft import models
+from specdraft import llamacpp, models
 from specdraft.draft_length import check_max_draft_tokens, check_num_draft_tokens
 from specdraft.suites import SuitePrompt, categories, load_suite
 
@@ -61,10 +61,12 @@ def int_problem(key: str, value: Any, minimum: int, meaning: str) -> str | None:
 
 
 def setting_problems(
-    cfg: DictConfig, known_peers: Sequence[str], drafter_config: Callable[[str], Any]
+    cfg: DictConfig, known_peers: Sequence[str], drafter_config: Callable[[str], Any],
+    llamacpp_peers: Sequence[str] = (),
 ) -> list[str]:
     """The bench's own numbers and names: repetitions, warmup, max_new_tokens, limit, threads,
-    peers and drafters (drafter_config raises ValueError for an unknown drafter name)."""
+    peers and drafters (drafter_config raises ValueError for an unknown drafter name);
+    llamacpp_peers: the peers that run llama.cpp (`llamacpp_problems`)."""
     bench = cfg.bench
     checks = [
         ("bench.repetitions", bench.repetitions, 1, "the timed runs per prompt and method whose median is reported"),
@@ -75,6 +77,11 @@ def setting_problems(
         checks.append(("bench.limit", bench.limit, 1, "prompts per category; null = all of them"))
     if bench.threads is not None:
         checks.append(("bench.threads", bench.threads, 1, "torch threads; null = torch's default"))
+    checks.append(("bench.bandwidth_bytes", bench.bandwidth_bytes, 0,
+                   "bytes of the streaming read that measures the read bandwidth; 0 = skip the roofline"))
+    if "llamacpp_lookup" in names(bench.peers):
+        checks.append(("bench.llamacpp_lookup_draft_max", bench.llamacpp_lookup_draft_max, 1,
+                       "tokens llama-lookup drafts per round"))
     if "hf_prompt_lookup" in names(bench.peers):
         checks += [("bench.hf_prompt_lookup_num_tokens", k, 1, "draft tokens of HF prompt lookup")
                    for k in values(bench.hf_prompt_lookup_num_tokens)]
@@ -83,6 +90,7 @@ def setting_problems(
     if unknown_peers:
         problems.append(f"unknown peer(s) {', '.join(map(repr, unknown_peers))} in bench.peers; "
                         f"choose from {', '.join(known_peers)}.")
+    problems += llamacpp_problems(cfg, [p for p in names(bench.peers) if p in llamacpp_peers])
     for name in names(bench.drafters):
         try:
             drafter_config(name)
@@ -93,6 +101,27 @@ def setting_problems(
             check(value)
         except ValueError as err:
             problems.append(str(err))
+    return problems
+
+
+LLAMACPP_TARGET = "smollm2-135m"  # the target whose GGUF `make llamacpp` converts
+
+
+def llamacpp_problems(cfg: DictConfig, requested: Sequence[str]) -> list[str]:
+    """Requested llama.cpp peers need the tools and models of `make llamacpp`, which are the
+    default target's weights: another target would compare different models."""
+    if not requested:
+        return []
+    problems = []
+    reason = llamacpp.available()
+    if reason is not None:
+        problems.append(f"bench.peers {', '.join(requested)}: {reason}.")
+    missing = OmegaConf.is_missing(cfg.target, "name_or_path")
+    target = "" if missing else str(cfg.target.get("name_or_path") or "")
+    if target.lower() != LLAMACPP_TARGET:
+        problems.append(f"bench.peers {', '.join(requested)} run the GGUF of the default target "
+                        f"({LLAMACPP_TARGET}) that `make llamacpp` converts, but the target is "
+                        f"{target or cfg.target.get('_target_')!r}; use target=smollm2_135m with them.")
     return problems
 
 

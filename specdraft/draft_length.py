@@ -6,7 +6,9 @@ hardware breaks both assumptions: acceptance falls with the position in the draf
 forward over k+1 positions can cost visibly more than over 1 (how much depends on the machine and
 the stack). The cost model keeps running estimates of
 
-    a_i      = P(draft token i accepted | tokens 0..i-1 accepted)     (per position, Beta prior)
+    a_i      = P(draft token i accepted | tokens 0..i-1 accepted)     (per position, a Beta prior
+               centred on a_{i-1}: a position not reached yet is expected to do as well as the one
+               before, so a drafter whose first tokens are accepted is tried at longer drafts)
 
 and, in units of one plain target step T_v(0), takes the costs measured before the generation:
 
@@ -74,7 +76,8 @@ class CostModelDraftLength:
     draft_cost: the drafter's cost per drafted token, in units of T_v(0) (measured by
         `SpeculativeDecoder` before the generation; 0 = free).
     max_k: largest K ever drafted. decay: weight of history in the acceptance averages.
-    prior_accept / prior_weight: Beta prior on each a_i (optimistic enough to try drafting).
+    prior_accept / prior_weight: Beta prior on a_0 (optimistic enough to try drafting); a_i for
+        i > 0 is shrunk with the same weight towards the estimate of a_{i-1}.
     """
 
     verify_curve: Sequence[float]
@@ -117,8 +120,12 @@ class CostModelDraftLength:
     # ------------------------------------------------------------------------- estimates
     def acceptance(self) -> list[float]:
         """Current a_i estimates, one per draft position."""
-        w, a0 = self.prior_weight, self.prior_accept
-        return [(acc + w * a0) / (n + w) for acc, n in zip(self._accepted, self._reached)]
+        w, prior = self.prior_weight, self.prior_accept
+        estimates = []
+        for acc, n in zip(self._accepted, self._reached):
+            prior = (acc + w * prior) / (n + w)  # shrunk towards the position before
+            estimates.append(prior)
+        return estimates
 
     def verify_cost(self, k: int) -> float:
         """T_v(k) / T_v(0): the curve's non-decreasing shape."""

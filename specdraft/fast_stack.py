@@ -218,11 +218,36 @@ class FastStack:
         self.weights = weights
         self.lm_head: Linear | None = _fused([model.get_output_embeddings()], weights) if head else None
         self.num_layers = len(self.layers)
-        self.kv: KVBuffer | None = None
+        self._kv: KVBuffer | None = None
+        self._cache_owner: FastStack | None = None  # see share_cache
 
     # ------------------------------------------------------------------ cache
+    @property
+    def kv(self) -> KVBuffer | None:
+        """The KV buffer this stack reads and writes: its own, or its cache owner's (`share_cache`)."""
+        return self._cache_owner.kv if self._cache_owner is not None else self._kv
+
+    @kv.setter
+    def kv(self, buffer: KVBuffer | None) -> None:
+        if self._cache_owner is not None:
+            raise ValueError("this stack uses another stack's KV cache (share_cache); reset that one.")
+        self._kv = buffer
+
+    def share_cache(self, owner: FastStack) -> None:
+        """Read and write `owner`'s KV buffer from now on (a quantized copy drafting on the target's
+        own cache). The models must have the same layer, head and head sizes; `reset` then leaves
+        the buffer alone (it is the owner's), `crop` crops it for both."""
+        mine = (self.num_layers, self.kv_heads, self.head_dim)
+        theirs = (owner.num_layers, owner.kv_heads, owner.head_dim)
+        if mine != theirs:
+            raise ValueError(f"cannot share a KV cache between stacks of (layers, kv_heads, head_dim) {mine} and {theirs}.")
+        self._cache_owner = owner
+
     def reset(self, batch: int = 1) -> None:
-        """Empty cache; the buffers are kept (no allocation per generation, graphs stay valid)."""
+        """Empty cache; the buffers are kept (no allocation per generation, graphs stay valid).
+        A stack sharing another's cache leaves it to its owner."""
+        if self._cache_owner is not None:
+            return
         if self.kv is not None and self.kv.batch == batch:
             self.kv.lengths = [0] * self.num_layers
             return

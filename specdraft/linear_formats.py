@@ -12,7 +12,7 @@ and every drafter head builds its linears here, so a format is a setting, not a 
   (a model dequantized from Q4_1 at the same group size) is reproduced exactly by `quantize_int4`.
 - "int8": weight-only 8-bit, symmetric per output channel, torch's `_weight_int8pack_mm`.
 
-Which one pays is a measurement (benchmarks/kernels.py prints one pass of a model's linears in
+Which one pays is a measurement (benchmarks/weight_formats.py prints one pass of a model's linears in
 every format, side by side); nothing here decides it.
 """
 
@@ -79,6 +79,11 @@ class PackedLinear:
             and weight.dtype in (torch.float32, torch.bfloat16)
         )
         self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_ROWS) if self.packed else weight
+        # rows 0..n-1 of the input are copied in; rows n.. hold whatever an earlier call left (zeros at
+        # first, finite values after): each output row depends on its own input row only, and those
+        # rows are sliced away
+        with torch.inference_mode():
+            self._pad = weight.new_zeros(_MIN_ROWS, weight.shape[1]) if self.packed else None  # [4, I]
 
     def __call__(self, x: Tensor) -> Tensor:  # [..., I] -> [..., O]
         out_dtype = x.dtype
@@ -89,7 +94,10 @@ class PackedLinear:
             return y if out_dtype == self.dtype else y.to(out_dtype)
         rows = x.reshape(-1, x.shape[-1])  # [N, I]
         n = rows.shape[0]
-        if n < _MIN_ROWS:
+        if n < _MIN_ROWS and self._pad is not None and torch.is_inference_mode_enabled():
+            self._pad[:n].copy_(rows)  # (an inference tensor may only be written in inference mode)
+            rows = self._pad  # [4, I]
+        elif n < _MIN_ROWS:
             rows = torch.cat([rows, rows.new_zeros(_MIN_ROWS - n, rows.shape[1])])  # [4, I]
         y = torch.ops.mkldnn._linear_pointwise(rows, self.weight, self.bias, "none", [], "")  # [N|4, O]
         y = y[:n].view(*x.shape[:-1], self.out_features)
@@ -141,13 +149,18 @@ class Int4Linear:
 
     def __call__(self, x: Tensor) -> Tensor:  # [..., I] -> [..., O] float32
         rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)  # [N, I]
-        blocks = [
-            torch.ops.aten._weight_int4pack_mm_for_cpu(
-                rows[i : i + _INT4_ROWS], self.packed, self.group_size, self.scales_and_zeros
-            )
-            for i in range(0, rows.shape[0], _INT4_ROWS)
-        ]
-        y = (blocks[0] if len(blocks) == 1 else torch.cat(blocks))[:, : self.out_features].float()  # [N, O]
+        if rows.shape[0] <= _INT4_ROWS:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, self.group_size, self.scales_and_zeros)
+        else:
+            y = torch.cat([
+                torch.ops.aten._weight_int4pack_mm_for_cpu(
+                    rows[i : i + _INT4_ROWS], self.packed, self.group_size, self.scales_and_zeros
+                )
+                for i in range(0, rows.shape[0], _INT4_ROWS)
+            ])  # [N, O padded]
+        if y.shape[1] != self.out_features:
+            y = y[:, : self.out_features]
+        y = y.float()  # [N, O]
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)

@@ -10,6 +10,10 @@ target alias (`smollm2-135m` -> `smollm2-135m/<default>`). A path to a directory
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from specdraft.target import TargetModel
 
 ARTIFACTS_DIR = Path(__file__).resolve().parent / "artifacts"
 
@@ -53,3 +57,23 @@ def artifact_label(path: str | Path) -> str:
     if resolved.parent.parent == ARTIFACTS_DIR:
         return f"{resolved.parent.name}/{resolved.name}"
     return str(path)
+
+
+def shipped_pruned_vocab(target: TargetModel) -> Path | None:
+    """The pruned vocabulary of the first shipped artifact (in name order) made for `target` (its
+    config JSON records this target: same sizes and tokenizer), or None. Lets a drafter without an
+    artifact of its own (the quantized copy) use the subset made for its target."""
+    from specdraft.formats.target_info import check_target, read_record
+    from specdraft.vocab import VOCAB_FILE
+
+    for vocab_file in sorted(ARTIFACTS_DIR.glob(f"*/*/{VOCAB_FILE}")):
+        records = [read_record(f) for f in sorted(vocab_file.parent.glob("*.json")) if f.name != VOCAB_FILE]
+        record = next((r for r in records if r), None)
+        if record is None or not record.get("tokenizer_hash"):
+            continue
+        try:
+            check_target(record, target, str(vocab_file.parent))
+        except ValueError:
+            continue
+        return vocab_file
+    return None

@@ -177,6 +177,20 @@ class TargetModel:
             raise ValueError(f"cache positions must be in [0, {current}), got {list(positions)}.")
         self._stack.keep_positions(positions)
 
+    def with_weights(self, weights: WeightFormat, head: bool = False) -> TargetModel:
+        """This target's model with its projections stored in `weights`, reading and writing THIS
+        target's KV cache (fast stack only): a quantized copy that drafts on the target's own cache,
+        with no prefill and no cache of its own. Its forwards append after the target's cached
+        positions; the caller crops them away before the target's next forward (a crop of either
+        is a crop of both). q stays whatever the copy computes, so verification stays exact."""
+        if not isinstance(self._stack, FastStack):
+            raise ValueError("with_weights needs the fast stack (target.fast); this target runs the plain one.")
+        copy = TargetModel(self.model, self.tokenizer, self.eos_token_ids, fast=True, cuda_graphs=False,
+                           weights=weights, head=head)
+        assert isinstance(copy._stack, FastStack)
+        copy._stack.share_cache(self._stack)
+        return copy
+
     def cache_tensors(self) -> list[tuple[Tensor, Tensor]]:
         """(keys, values) [B, kv_heads, length, D] of every layer's cache (read-only views; tests
         compare them with a fresh forward)."""

@@ -108,7 +108,7 @@ def bench_cfg(tok_dir: Path, suite: Path, *overrides: str) -> DictConfig:
         "target=tiny_random", "target.vocab_size=16", f"target.tokenizer={tok_dir}",
         "target.max_position_embeddings=64", "suite=file", f"suite.path={suite}", "max_new_tokens=4",
         "num_draft_tokens=2", "bench.repetitions=1", "bench.warmup=0", "bench.plots=false",
-        "bench.progress=false", *overrides])
+        "bench.progress=false", "bench.bandwidth_bytes=1048576", *overrides])
 
 
 @pytest.fixture

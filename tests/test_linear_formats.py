@@ -20,6 +20,12 @@ from specdraft.models import tiny_random_llama
 from specdraft.target import TargetModel
 
 
+@pytest.fixture(autouse=True)
+def _seeded() -> None:
+    """Every input below is random: the same draw on every run."""
+    torch.manual_seed(0)
+
+
 def _weight(out_features: int = 40, in_features: int = 64, seed: int = 0) -> torch.Tensor:
     return torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(seed))
 

@@ -13,16 +13,20 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 import conf
-
 from drafters.quantized import QuantizedDrafter, memory_report
 from specdraft.check.broken import always_accept
 from specdraft.decode import SpeculativeDecoder
-from specdraft.protocol import Drafter
 from specdraft.models import tiny_random_target
+from specdraft.protocol import Drafter
 from specdraft.sampling import SamplingConfig
 from specdraft.target import TargetModel
 from specdraft.vocab import PrunedVocab
-from tests.helpers import exact_two_token_distribution, plain_greedy, pooled_chisquare, sample_two_tokens
+from tests.helpers import (
+    exact_two_token_distribution,
+    plain_greedy,
+    pooled_chisquare,
+    sample_two_tokens,
+)
 
 PROMPT = [1, 2, 3, 1, 2]
 
@@ -36,11 +40,11 @@ def tiny_target() -> TargetModel:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"bits": 4}, {"bits": 4, "group_size": 64}, {"bits": 8}, {"bits": 16}, {"bits": 4, "share_embeddings": False},
+    [{"bits": 4}, {"bits": 4, "share_kv": False}, {"bits": 4, "group_size": 64}, {"bits": 8}, {"bits": 16}, {"bits": 4, "share_embeddings": False},
      {"bits": 8, "backend": "bitsandbytes"}, {"bits": 4, "backend": "bitsandbytes", "quant_type": "nf4", "group_size": 64},
      {"bits": 4, "backend": "bitsandbytes", "quant_type": "fp4", "group_size": 64},
      {"bits": 8, "backend": "torch"}, {"bits": 8, "backend": "bitsandbytes", "share_embeddings": False}],
-    ids=["int4", "int4-group64", "int8", "bf16", "int4-quantized-head", "bnb-int8", "bnb-nf4", "bnb-fp4",
+    ids=["int4", "int4-own-cache", "int4-group64", "int8", "bf16", "int4-quantized-head", "bnb-int8", "bnb-nf4", "bnb-fp4",
          "torch-int8", "bnb-int8-quantized-head"],
 )
 def test_greedy_matches_plain_greedy(tiny_target: TargetModel, kwargs: dict) -> None:
@@ -167,3 +171,42 @@ def test_default_target_int4_greedy(default_target: TargetModel) -> None:
     out = SpeculativeDecoder(default_target, QuantizedDrafter(), 3).generate(prompt, 12, stop_token_ids=[])
     assert out.token_ids[0].tolist() == plain_greedy(default_target, prompt, 12)
     assert out.stats.acceptance_rate > 0.5
+
+
+def test_auto_pruned_vocab_is_the_subset_shipped_for_the_target(tiny_target: TargetModel) -> None:
+    """No shipped artifact was made for the tiny target: "auto" means the full vocabulary there."""
+    from specdraft.shipped import shipped_pruned_vocab
+
+    assert shipped_pruned_vocab(tiny_target) is None
+    drafter = QuantizedDrafter(pruned_vocab="auto")
+    drafter.bind(tiny_target)
+    assert drafter.vocab is None
+
+
+def test_a_copy_on_the_target_cache_leaves_the_target_cache_as_it_found_it(tiny_target: TargetModel) -> None:
+    """share_kv: the copy writes its drafts after the target's positions and crops them away, so the
+    target's cache afterwards is exactly the one it had (same length, same keys and values)."""
+    import torch
+
+    from specdraft.protocol import DraftContext
+
+    drafter = QuantizedDrafter(bits=4)
+    drafter.bind(tiny_target)
+    ids = torch.tensor([PROMPT])
+    tiny_target.reset()
+    tiny_target.forward(ids[:, :-1], num_logits=0)
+    before = [(k.clone(), v.clone()) for k, v in tiny_target.cache_tensors()]
+    draft = drafter.propose(DraftContext(ids, None, SamplingConfig(), torch.Generator()), 4)
+    assert draft.num_tokens == 4 and tiny_target.cache_length == len(PROMPT) - 1
+    for (k0, v0), (k1, v1) in zip(before, tiny_target.cache_tensors()):
+        assert torch.equal(k0, k1) and torch.equal(v0, v1)
+    drafter.reset()  # the copy's reset must not empty the target's cache
+    assert tiny_target.cache_length == len(PROMPT) - 1
+
+
+@pytest.mark.slow
+def test_auto_pruned_vocab_finds_the_default_targets_subset(default_target: TargetModel) -> None:
+    from specdraft.shipped import shipped_pruned_vocab
+
+    found = shipped_pruned_vocab(default_target)
+    assert found is not None and found.parent.parent.name == "smollm2-135m"
