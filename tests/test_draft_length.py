@@ -167,3 +167,18 @@ def test_k_depends_on_the_accepted_counts_only() -> None:
     cheap = choices(CostModelDraftLength(linear(0.05), draft_cost=0.0), history)
     dear = choices(CostModelDraftLength(linear(0.05), draft_cost=0.3), history)
     assert sum(dear) < sum(cheap)  # a costlier drafter drafts less
+
+
+def test_a_position_not_reached_yet_is_expected_to_do_as_well_as_the_one_before() -> None:
+    """Rounds of one accepted draft token teach a_0 only; a_1.. follow it instead of staying at the
+    prior, so a drafter that is always right is tried at longer drafts (the quantized copy's case)."""
+    policy = CostModelDraftLength([1.0] * 5, draft_cost=0.3, max_k=4, prior_accept=0.5)
+    for _ in range(20):
+        policy.observe(1, 1)
+    a = policy.acceptance()
+    assert a[0] > 0.85 and all(abs(x - a[0]) < 1e-12 for x in a[1:])
+    assert policy.choose(4) == 4
+    for _ in range(20):  # position 1 is reached and always rejected: its estimate falls on its own
+        policy.observe(2, 1)
+    a = policy.acceptance()
+    assert a[1] < 0.2 and a[0] > 0.85
