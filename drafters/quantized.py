@@ -4,12 +4,14 @@
 backend="fast" (the default on CPU, `backend=auto`): the copy is the target's own fast stack built
 again with its projections in another format (`specdraft.linear_formats`: bits=4 -> int4 weight-only,
 asymmetric groups of `group_size` inputs like GGUF's Q4_1; bits=8 -> int8 per channel; bits=16 ->
-bfloat16), with its own KV cache; embeddings, norms and rotary tables are the target's tensors.
+bfloat16); embeddings, norms and rotary tables are the target's tensors. By default (`share_kv`) it
+drafts on the target's own KV cache: it runs only the newest token and its drafts after the target's
+committed positions and crops them away, so it never prefills a prompt and never catches up.
 backend="bitsandbytes" (the default on CUDA): the decoder's nn.Linear layers are replaced by
 bitsandbytes modules in a copy of the Hugging Face model that shares every other tensor.
 backend="torch": torch's dynamic int8 (`quantize_dynamic`, CPU, bits=8) on the Hugging Face stack.
-Either way the copy runs through `TargetModel` with its own cache (`specdraft.draft_loop.DraftCache`),
-drafts through the shared loop (`specdraft.draft_loop.draft_autoregressively`) and returns
+The Hugging Face copies (and a fast copy with share_kv=False) run through `TargetModel` with a cache of
+their own (`specdraft.draft_loop.DraftCache`). Every copy drafts through the shared loop (`specdraft.draft_loop.draft_autoregressively`) and returns
 q = warp(its logits).
 
 bits=32 disables quantization: the copy is exact, so q equals p up to float rounding and every draft
