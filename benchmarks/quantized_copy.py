@@ -18,13 +18,13 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
-import time
 from typing import Any
 
 import torch
 from omegaconf import OmegaConf
 
 from specdraft.build import config_hash, drafter_config, make_drafter
+from specdraft.costs import time_forwards
 from specdraft.decode import SpeculativeDecoder
 from specdraft.models import load_target
 from specdraft.suites import load_suite
@@ -50,18 +50,10 @@ def variant_config(name: str) -> Any:
 
 
 def ar_step_seconds(target: TargetModel, ids: list[int], reps: int = 20) -> float:
-    """Median seconds of one decode step of the target after `ids`."""
+    """Median seconds of one decode step of the target after `ids` (`costs.time_forwards`)."""
     tokens = torch.tensor([ids], device=target.device)
-    times = []
-    with torch.inference_mode():
-        target.reset()
-        target.forward(tokens[:, :-1], num_logits=0)
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            target.forward(tokens[:, -1:], num_logits=1)
-            times.append(time.perf_counter() - t0)
-            target.crop(len(ids) - 1)
-    return statistics.median(times)
+    times = time_forwards({"ar": target}, tokens, len(ids) - 1, [1], reps)
+    return statistics.median(times["ar", 1])
 
 
 def main() -> None:

@@ -66,8 +66,8 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     x * rsqrt(variance + eps), times the weight in the input's dtype. x [..., H], weight [H].
     (`F.rms_norm` runs the same math as several more dispatched ops on CPU.)"""
     if x.dtype != torch.float32:
-        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
-        return weight * normed.to(x.dtype)
+        wide = x.float()
+        return weight * (wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
