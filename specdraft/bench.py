@@ -4,12 +4,15 @@ For every prompt of a suite, the autoregressive baseline, each drafter and each 
 run interleaved (the order rotates per repetition) R times; medians are taken per prompt, so every
 ratio comes from one run on one machine state. Writes into Hydra's run dir:
 
-    results.json   per prompt x method: tokens, tok/s, speedup vs AR, acceptance (overall and per
-                   position), mean accepted length, draft/verify/overhead seconds, measured
-                   c = T_q/T_p, measured verify seconds per k, the verify-cost curve T_v(k)/T_v(0)
-                   (`specdraft.costs.verify_curve`), predicted speedup (`specdraft.theory`) and
-                   efficiency (measured / predicted)
-    results.md     a table per category and overall
+    results.json   per prompt x method: tokens, tok/s, speedup vs AR, prefill seconds, decode tok/s
+                   (new tokens / (total - prefill) seconds) and decode speedup vs AR, acceptance
+                   (overall and per position), mean accepted length, draft/verify/overhead seconds,
+                   measured c = T_q/T_p, measured verify seconds per k, the verify-cost curve
+                   T_v(k)/T_v(0) (`specdraft.costs.verify_curve`), predicted speedup
+                   (`specdraft.theory`) and efficiency (measured / predicted)
+    results.md     a table per category and overall (end-to-end and decode-only speedups side by
+                   side, so a long prompt's prefill does not hide a decoding speedup), and per turn
+                   for multi-turn categories
     *.png          acceptance per position, speedup per category, measured vs predicted speedup
 
 llama.cpp peers (`llamacpp`, `llamacpp_lookup`, `llamacpp_q4`; built by `make llamacpp`,
@@ -18,6 +21,12 @@ llama.cpp's timers. The physical limit (`specdraft.roofline`): the machine's rea
 measured once before the prompts; each prompt's bytes per decode step (weights + KV cache at its
 mean context) give the roofline AR tok/s, and each method's decode tok/s is reported as a fraction
 of it.
+
+A multi-turn prompt (`turns`, the MT-bench / Spec-Bench format) is a conversation: every method
+answers turn 1, its own answer is appended as an assistant message, and it answers turn 2 on the
+whole conversation, and so on (`run_turns`). Each turn is a prompt of its own in the results (id
+`<id>#t<turn>`, field `turn`); under greedy decoding every method's answers equal AR's, so every
+turn's conversation is the same for all methods and is checked like any prompt.
 
 Before any model loads, every setting, every prompt (tokenised: prompt + new tokens within the
 target's context) and the output folder are checked, and every problem is reported in one error
@@ -41,7 +50,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -131,6 +140,11 @@ class Run:
     @property
     def has_token_ids(self) -> bool:
         return self.new_tokens is None
+
+    @property
+    def prefill_seconds(self) -> float | None:
+        """Seconds before decoding (the prompt's forward); None when the method does not split its time."""
+        return None if self.decode_seconds is None else self.seconds - self.decode_seconds
 
 
 @dataclass
@@ -308,7 +322,7 @@ def summarize(
     ar_tokens = ar_runs[0].tokens
     tps = tokens / med if med > 0 else 0.0
     ar_tps = ar_tokens / ar_med if ar_med > 0 else 0.0
-    decode_tps = decode_tokens_per_s(runs)
+    decode_tps, ar_decode_tps = decode_tokens_per_s(runs), decode_tokens_per_s(ar_runs)
     rec: dict[str, Any] = {
         "method": method.name,
         "tokens": tokens,
@@ -317,7 +331,9 @@ def summarize(
         "speedup": tps / ar_tps if ar_tps > 0 else None,
         "greedy_match": runs[0].token_ids == ar_runs[0].token_ids if runs[0].has_token_ids else None,
         "text_output": not runs[0].has_token_ids,
+        "prefill_s": _median([r.prefill_seconds for r in runs]),
         "decode_tokens_per_s": decode_tps,
+        "decode_speedup": decode_tps / ar_decode_tps if (decode_tps is not None and ar_decode_tps) else None,
         "roofline_fraction": decode_tps / limit_tps if (decode_tps is not None and limit_tps) else None,
     }
     if runs[0].text is not None:
@@ -345,7 +361,6 @@ def summarize(
             verify_s=s.verify_s,
             overhead_s=s.overhead_s,
             overhead_fraction=s.overhead_fraction,
-            prefill_s=s.prefill_s,
             c=(t_q / ar_step) if (t_q is not None and ar_step > 0) else None,
             verify_s_by_k={str(k): v for k, v in verify_seconds_by_k(stats).items()},
             verify_curve=curve,
@@ -420,7 +435,8 @@ def _max_new_tokens(cfg: DictConfig) -> int | None:
 
 @dataclass
 class Progress:
-    """How far a run got: generations done (warm-ups included) and prompts finished."""
+    """How far a run got: generations done (warm-ups included) and prompts finished (each turn of
+    a multi-turn prompt counts as a prompt)."""
 
     runs_total: int
     prompts_total: int
@@ -433,37 +449,70 @@ class Progress:
 
 
 def time_prompt(
-    methods: list[Method], target: TargetModel, ids: list[int], max_new: int, sampling: Any,
+    methods: list[Method], target: TargetModel, ids: Mapping[str, list[int]], max_new: int, sampling: Any,
     warmup: int, reps: int, on_run: Callable[[], None],
 ) -> dict[str, list[Run]]:
-    """Every method's timed runs on one prompt after `warmup` untimed ones, the order rotating per
-    repetition to cancel drift; on_run() is called after each generation."""
+    """Every method's timed runs on one prompt (ids: each method's prompt tokens, by its name) after
+    `warmup` untimed ones, the order rotating per repetition to cancel drift; on_run() is called
+    after each generation."""
     runs: dict[str, list[Run]] = defaultdict(list)
     for rep in range(warmup + reps):
         shift = rep % len(methods)
         for method in methods[shift:] + methods[:shift]:  # rotate to cancel drift
-            run = method.run(target, ids, max_new, sampling)
+            run = method.run(target, ids[method.name], max_new, sampling)
             if rep >= warmup:
                 runs[method.name].append(run)
             on_run()
     return runs
 
 
+def run_turns(
+    methods: list[Method], target: TargetModel, prompt: SuitePrompt, max_new: int, sampling: Any,
+    warmup: int, reps: int, on_run: Callable[[], None],
+) -> Iterator[tuple[int, dict[str, list[int]], dict[str, list[Run]]]]:
+    """(turn, each method's prompt tokens, `time_prompt`'s runs) for every turn of one prompt (one
+    turn unless it has `turns`): each method answers each turn on its own conversation so far, its
+    earlier answers (`answer_text` of its first timed run) appended as assistant messages."""
+    answers: dict[str, list[str]] = {m.name: [] for m in methods}
+    visible = visible_text(target.tokenizer)
+    for turn in range(1, prompt.num_turns + 1):
+        ids = {m.name: prompt.token_ids(target.tokenizer, answers[m.name]) for m in methods}
+        runs = time_prompt(methods, target, ids, max_new, sampling, warmup, reps, on_run)
+        yield turn, ids, runs
+        for m in methods:
+            answers[m.name].append(answer_text(runs[m.name][0], visible, target.tokenizer, max_new))
+
+
+def answer_text(run: Run, visible: Callable[[Run], str], tokenizer: Any, max_new: int) -> str:
+    """A run's output as the assistant message of the next turn: its text without special tokens;
+    a text peer's cut to the token budget (llama-lookup may pass it by a few tokens), so that under
+    greedy decoding its next turn sees AR's conversation."""
+    text = visible(run)
+    if run.has_token_ids:
+        return text
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return text if len(ids) <= max_new else tokenizer.decode(ids[:max_new])
+
+
 def prompt_records(
     methods: list[Method], runs: dict[str, list[Run]], prompt: SuitePrompt, greedy: bool,
     limit: dict[str, Any] | None = None, visible: Callable[[Run], str] | None = None,
+    turn: int = 1, ids: Mapping[str, list[int]] | None = None,
 ) -> list[dict[str, Any]]:
-    """One record per method for one prompt; a greedy output that differs from AR's is reported.
-    limit: the prompt's physical limit (`prompt_limit`), None when not measured; visible: a
-    run's output as text without special tokens (`visible_text`), for peers that print text."""
+    """One record per method for one turn of a prompt (`prompt.turn_id(turn)`); a greedy output
+    that differs from AR's is reported. limit: the prompt's physical limit (`prompt_limit`), None
+    when not measured; visible: a run's output as text without special tokens (`visible_text`),
+    for peers that print text; ids: each method's prompt tokens (their count is recorded)."""
     step_s = {m.name: verify_seconds_by_k([r.stats for r in runs[m.name] if r.stats]).get(0, 0.0)
               for m in methods if m.name == m.baseline}
     limit_tps = limit["roofline_tokens_per_s"] if limit else None
     records = []
     for method in methods:
         rec = summarize(method, runs[method.name], runs[AR], step_s, limit_tps, visible)
-        rec.update(prompt=prompt.id, category=prompt.category, hf_counterpart=method.hf_counterpart,
-                   llamacpp_counterpart=LLAMACPP_COUNTERPARTS.get(method.name))
+        rec.update(prompt=prompt.turn_id(turn), category=prompt.category, turn=turn,
+                   hf_counterpart=method.hf_counterpart, llamacpp_counterpart=LLAMACPP_COUNTERPARTS.get(method.name))
+        if ids is not None:
+            rec["prompt_tokens"] = len(ids[method.name])
         if limit:
             rec["roofline"] = limit
         if not greedy:  # sampled outputs differ by design: there is nothing to compare
@@ -471,7 +520,7 @@ def prompt_records(
             if "text_match" in rec:
                 rec["text_match"] = None
         if greedy and rec["greedy_match"] is False:
-            print(f"\n!!! GREEDY MISMATCH: {method.name} on {prompt.id} differs from the "
+            print(f"\n!!! GREEDY MISMATCH: {method.name} on {rec['prompt']} differs from the "
                   "autoregressive output !!!", file=sys.stderr)
         records.append(rec)
     return records
@@ -534,7 +583,8 @@ def run_bench(cfg: DictConfig, out_dir: Path, plan: BenchPlan | None = None) -> 
     bandwidth = measure_bandwidth(cfg, target)
     visible = visible_text(target.tokenizer) if target.tokenizer is not None else None
     reps, warmup = int(cfg.bench.repetitions), int(cfg.bench.warmup)
-    progress = Progress(len(plan.prompts) * (reps + warmup) * len(methods), len(plan.prompts))
+    turns = sum(p.num_turns for p in plan.prompts)
+    progress = Progress(turns * (reps + warmup) * len(methods), turns)
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in OUTPUTS:  # an earlier run's files (bench.overwrite=true): none may look like this run's
         (out_dir / name).unlink(missing_ok=True)
@@ -556,14 +606,13 @@ def run_bench(cfg: DictConfig, out_dir: Path, plan: BenchPlan | None = None) -> 
 
     try:
         for prompt in plan.prompts:
-            ids = prompt.token_ids(target.tokenizer)
             max_new = prompt.max_new_tokens or int(cfg.max_new_tokens)
-            runs = time_prompt(methods, target, ids, max_new, sampling, warmup, reps, on_run)
-            mean_context = len(ids) + runs[AR][0].tokens // 2  # the KV cache's mean length while decoding
-            limit = prompt_limit(target, bandwidth["read_bytes_per_s"], mean_context) if bandwidth else None
-            records.extend(prompt_records(methods, runs, prompt, sampling.greedy, limit, visible))
-            progress.prompts_done += 1
-            write(partial=True)  # after every prompt: a killed run keeps what it did
+            for turn, ids, runs in run_turns(methods, target, prompt, max_new, sampling, warmup, reps, on_run):
+                mean_context = len(ids[AR]) + runs[AR][0].tokens // 2  # the KV cache's mean length while decoding
+                limit = prompt_limit(target, bandwidth["read_bytes_per_s"], mean_context) if bandwidth else None
+                records.extend(prompt_records(methods, runs, prompt, sampling.greedy, limit, visible, turn, ids))
+                progress.prompts_done += 1
+                write(partial=True)  # after every prompt (turn): a killed run keeps what it did
     except (KeyboardInterrupt, Exception) as err:
         bar.close()
         how = "interrupted" if isinstance(err, KeyboardInterrupt) else f"stopped by {type(err).__name__}"
@@ -595,6 +644,7 @@ def make_result(
         "machine": machine.to_json(),
         "records": records,
         "summary": aggregate(records),
+        "summary_by_turn": aggregate_by_turn(records),
         "peer_ratios": peer_ratios(records),
         "roofline": roofline_summary(records, bandwidth),
         "greedy_mismatches": [(r["method"], r["prompt"]) for r in records if greedy and r["greedy_match"] is False],
@@ -608,7 +658,8 @@ def _median(xs: list[float]) -> float | None:
 
 
 def aggregate(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
-    """{category or "overall": {method: medians over prompts}}."""
+    """{category or "overall": {method: medians over prompts}} (every turn of a multi-turn prompt
+    counts as a prompt)."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         groups[(r["category"], r["method"])].append(r)
@@ -619,6 +670,9 @@ def aggregate(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, An
             "prompts": len(rs),
             "speedup": _median([r["speedup"] for r in rs]),
             "tokens_per_s": _median([r["tokens_per_s"] for r in rs]),
+            "decode_speedup": _median([r.get("decode_speedup") for r in rs]),
+            "prefill_s": _median([r.get("prefill_s") for r in rs]),
+            "prompt_tokens": _median([r.get("prompt_tokens") for r in rs]),
             "acceptance_rate": _median([r.get("acceptance_rate") for r in rs]),
             "mean_accepted_length": _median([r.get("mean_accepted_length") for r in rs]),
             "efficiency": _median([r.get("efficiency") for r in rs]),
@@ -632,6 +686,19 @@ def aggregate(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, An
             "roofline_fraction": _median([r.get("roofline_fraction") for r in rs]),
         }
     return dict(out)
+
+
+def aggregate_by_turn(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, dict[str, Any]]]]:
+    """{category or "overall": {turn: {method: medians over prompts}}} for the categories that hold
+    multi-turn prompts, and overall when there are any (later turns answer longer conversations);
+    empty when every prompt has one turn."""
+    multi = sorted({r["category"] for r in records if r.get("turn", 1) > 1})
+    out = {}
+    for cat in ["overall", *multi] if multi else []:
+        rs = [r for r in records if cat in ("overall", r["category"])]
+        turns = sorted({r.get("turn", 1) for r in rs})
+        out[cat] = {str(t): aggregate([r for r in rs if r.get("turn", 1) == t])["overall"] for t in turns}
+    return out
 
 
 def roofline_summary(records: list[dict[str, Any]], bandwidth: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -675,12 +742,39 @@ def _fmt(x: Any, spec: str = ".2f") -> str:
     return "-" if x is None else (format(x, spec) if isinstance(x, float) else str(x))
 
 
+def _times(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
 def _match(greedy_match: bool | None, text_output: bool = False, text_match: bool | None = None) -> str:
     """The "greedy = AR" cell: n/a when sampling (outputs are not expected to be equal); for a
     peer that prints text instead of token ids (llama.cpp), whether its text agrees with AR's."""
     if text_output and text_match is not None:
         return "same text" if text_match else "other text"
     return "n/a (sampled)" if greedy_match is None else ("yes" if greedy_match else "NO")
+
+
+# The columns of every summary table: (header, the cell of one method's medians).
+SUMMARY_COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
+    ("speedup vs AR", lambda m: _times(m["speedup"])),
+    ("tok/s", lambda m: _fmt(m["tokens_per_s"], ".1f")),
+    ("decode speedup vs AR", lambda m: _times(m.get("decode_speedup"))),
+    ("decode tok/s", lambda m: _fmt(m.get("decode_tokens_per_s"), ".1f")),
+    ("prefill ms", lambda m: _fmt(None if m.get("prefill_s") is None else m["prefill_s"] * 1e3, ".1f")),
+    ("acceptance", lambda m: _fmt(m["acceptance_rate"])),
+    ("mean accepted length", lambda m: _fmt(m["mean_accepted_length"])),
+    ("efficiency", lambda m: _fmt(m["efficiency"])),
+    ("overhead", lambda m: _fmt(m["overhead_fraction"], ".1%")),
+    ("greedy = AR", lambda m: _match(m["greedy_match"], m.get("text_output", False), m.get("text_match"))),
+)
+
+
+def _table(first: list[str], rows: list[tuple[list[str], dict[str, Any]]]) -> list[str]:
+    """A markdown table: the `first` columns, then SUMMARY_COLUMNS; rows: (first cells, medians)."""
+    headers = first + [h for h, _ in SUMMARY_COLUMNS]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cells + [cell(m) for _, cell in SUMMARY_COLUMNS]) + " |" for cells, m in rows]
+    return lines + [""]
 
 
 def render_markdown(result: dict[str, Any]) -> str:
@@ -697,19 +791,15 @@ def render_markdown(result: dict[str, Any]) -> str:
         lines.append(f"**warning:** {warning}\n")
     if not result["summary"]:
         lines.append("No prompt completed.\n")
+    by_turn = result.get("summary_by_turn") or {}
     for cat in sorted(result["summary"], key=lambda c: (c != "overall", c)):
         lines.append(f"## {cat}\n")
-        lines.append("| method | speedup vs AR | tok/s | acceptance | mean accepted length | "
-                     "efficiency | overhead | greedy = AR |")
-        lines.append("|---|---|---|---|---|---|---|---|")
-        for method, m in result["summary"][cat].items():
-            lines.append(
-                f"| {method} | {_fmt(m['speedup'])}x | {_fmt(m['tokens_per_s'], '.1f')} | "
-                f"{_fmt(m['acceptance_rate'])} | {_fmt(m['mean_accepted_length'])} | "
-                f"{_fmt(m['efficiency'])} | {_fmt(m['overhead_fraction'], '.1%')} | "
-                f"{_match(m['greedy_match'], m.get('text_output', False), m.get('text_match'))} |"
-            )
-        lines.append("")
+        lines += _table(["method"], [([method], m) for method, m in result["summary"][cat].items()])
+        if cat in by_turn:
+            lines.append(f"### {cat}, per turn\n")
+            lines += _table(["turn", "method", "prompt tokens"], [
+                ([turn, method, _fmt(m.get("prompt_tokens"), ".0f")], m)
+                for turn, methods in by_turn[cat].items() for method, m in methods.items()])
     if result["peer_ratios"]:
         lines.append("## ours vs peer: Hugging Face and llama.cpp counterparts (median tok/s ratio)\n")
         lines.append("| ours | peer | ratio | prompts |")

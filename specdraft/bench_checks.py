@@ -167,24 +167,30 @@ def context_problems(
     prompts: Sequence[SuitePrompt], tokenizer: Any, max_context: int, max_new_tokens: int | None
 ) -> list[str]:
     """Every prompt that cannot run: it does not tokenise, or its tokens plus its new tokens (the
-    prompt's own max_new_tokens, else `max_new_tokens`; None = not known) exceed the context."""
+    prompt's own max_new_tokens, else `max_new_tokens`; None = not known) exceed the context. A
+    multi-turn prompt is measured at its last turn: all its user turns with empty answers, plus a
+    full budget of new tokens for every turn (the answers are not known before they are generated)."""
     if tokenizer is None:
         return [NO_TOKENIZER]
     problems = []
     for p in prompts:
         try:
-            length = len(p.token_ids(tokenizer))
+            length = len(p.token_ids(tokenizer, [""] * (p.num_turns - 1)))
         except ValueError as err:
             problems.append(str(err))
             continue
         new = p.max_new_tokens or max_new_tokens or 0
+        turns = p.num_turns
+        needed = length + turns * new
         if length == 0:
             problems.append(f"prompt {p.id!r} tokenises to no tokens; give it some text.")
-        elif length + new > max_context:
+        elif needed > max_context:
+            tokens = (f"{length} prompt tokens + {new} new tokens" if turns == 1 else
+                      f"{length} prompt tokens over its {turns} turns + {turns} x {new} new tokens")
             problems.append(
-                f"prompt {p.id!r} ({p.category}): {length} prompt tokens + {new} new tokens = "
-                f"{length + new}, beyond the target's context of {max_context}; shorten the prompt or "
-                "lower max_new_tokens (or the prompt's own max_new_tokens), or leave it out of the suite."
+                f"prompt {p.id!r} ({p.category}): {tokens} = {needed}, beyond the target's context of "
+                f"{max_context}; shorten the prompt or lower max_new_tokens (or the prompt's own "
+                "max_new_tokens), or leave it out of the suite."
             )
     return problems
 

@@ -25,7 +25,7 @@ from specdraft.machine_load import MachineLoad, load_warnings
 from specdraft.models import tiny_random_llama, tiny_random_target
 from specdraft.sampling import SamplingConfig
 from specdraft.stats import GenerationStats
-from specdraft.suites import load_suite
+from specdraft.suites import SuitePrompt, load_suite
 
 PEERS = {"peers": ["hf_generate", "hf_prompt_lookup", "hf_early_exit", "hf_assisted"],
          "hf_prompt_lookup_num_tokens": [3, 5], "hf_early_exit_layer": 6}
@@ -263,3 +263,92 @@ def test_the_default_target_is_previewed_without_its_weights(hydra_conf: None, d
     assert problems == [] and preview is not None and preview.max_context == default_target.max_context
     prompt = load_suite("quick")[0]
     assert prompt.token_ids(preview.tokenizer) == prompt.token_ids(default_target.tokenizer)
+
+
+# ----------------------------------------------------------------------------- multi-turn prompts, decode vs prefill
+@pytest.fixture
+def prompts_seen(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[int], bench.Run]]:
+    """Every generation of the bench: (method, prompt token ids, run)."""
+    seen: list[tuple[str, list[int], bench.Run]] = []
+    real = bench.Method.run
+
+    def recording(self: bench.Method, target: Any, ids: list[int], *args: Any) -> bench.Run:
+        run = real(self, target, ids, *args)
+        seen.append((self.name, list(ids), run))
+        return run
+
+    monkeypatch.setattr(bench.Method, "run", recording)
+    return seen
+
+
+def test_a_two_turn_prompt_answers_each_turn_on_the_conversation_so_far(
+    hydra_conf: None, tmp_path: Path, prompts_seen: list[tuple[str, list[int], bench.Run]]
+) -> None:
+    suite = tmp_path / "mt.jsonl"
+    suite.write_text("\n".join(json.dumps(line) for line in [
+        {"question_id": 81, "category": "writing", "turns": ["Write a haiku about rain.", "Now make it sadder."],
+         "reference": ["any"]},
+        {"id": "qa-1", "category": "qa", "messages": [{"role": "user", "content": "What is rain?"}]},
+    ]) + "\n")
+    cfg = compose("bench", overrides=[
+        "target=tiny_random", "suite=file", f"suite.path={suite}", "max_new_tokens=6", "num_draft_tokens=2",
+        "bench.drafters=[ngram]", "bench.peers=[hf_generate]", "bench.repetitions=1", "bench.warmup=0",
+        "bench.plots=false", "bench.progress=false", "bench.bandwidth_bytes=0"])
+    out = tmp_path / "out"
+    result = bench.run_bench(cfg, out)
+    methods = ["autoregressive", "ngram", "hf_generate"]
+    assert result["progress"] == {"runs_done": 9, "runs_total": 9, "prompts_done": 3, "prompts_total": 3}
+    by_key = {(r["prompt"], r["method"]): r for r in result["records"]}
+    assert set(by_key) == {(p, m) for p in ("81#t1", "81#t2", "qa-1") for m in methods}
+    assert [by_key[(p, "ngram")]["turn"] for p in ("81#t1", "81#t2", "qa-1")] == [1, 2, 1]
+    assert all(r["greedy_match"] is True for r in result["records"]) and not result["greedy_mismatches"]
+
+    tokenizer = models.load_tokenizer("smollm2-135m")
+    calls = {m: [ids for name, ids, _ in prompts_seen if name == m] for m in methods}
+    assert all(calls[m] == calls["autoregressive"] for m in methods)  # greedy: one conversation for all
+    first, second, _ = calls["autoregressive"]  # turn 1, turn 2, qa-1
+    assert first == load_suite(suite)[0].token_ids(tokenizer)  # turn 1: the first user turn only
+    ar_turn_1 = next(run for name, _, run in prompts_seen if name == "autoregressive")
+    answer = tokenizer.decode(ar_turn_1.token_ids, skip_special_tokens=True)
+    conversation = tokenizer.decode(second, clean_up_tokenization_spaces=False)
+    assert answer.strip() and conversation.index("Write a haiku") < conversation.index(answer) < conversation.index(
+        "Now make it sadder.")
+    assert second[:len(first)] == first and by_key[("81#t2", "ngram")]["prompt_tokens"] == len(second)
+
+    turns = result["summary_by_turn"]
+    assert set(turns) == {"overall", "writing"} and set(turns["writing"]) == {"1", "2"}
+    assert turns["overall"]["1"]["autoregressive"]["prompts"] == 2 and turns["writing"]["2"]["ngram"]["prompts"] == 1
+    md = (out / "results.md").read_text()
+    assert "### writing, per turn" in md and "### overall, per turn" in md and "### qa, per turn" not in md
+    assert "| turn | method | prompt tokens | speedup vs AR |" in md and f"| 2 | ngram | {len(second)} |" in md
+
+
+def test_decode_speed_and_prefill_are_reported_next_to_end_to_end() -> None:
+    ar = [bench.Run(1.0, [1] * 10, decode_seconds=0.5, decode_tokens=10)]  # 0.5 s prefill
+    fast = [bench.Run(0.75, [1] * 10, decode_seconds=0.25, decode_tokens=10)]  # decoding twice as fast
+    hf = [bench.Run(0.5, [1] * 10)]  # does not split its time
+    rec = bench.summarize(bench.Method("ngram"), fast, ar, {})
+    assert rec["speedup"] == pytest.approx(4 / 3) and rec["decode_speedup"] == pytest.approx(2.0)
+    assert rec["prefill_s"] == pytest.approx(0.5) and rec["decode_tokens_per_s"] == pytest.approx(40.0)
+    peer = bench.summarize(bench.Method("hf_generate"), hf, ar, {})
+    assert peer["speedup"] == pytest.approx(2.0) and peer["decode_speedup"] is None and peer["prefill_s"] is None
+    own = bench.summarize(bench.Method(bench.AR), ar, ar, {})
+    records = [{**r, "prompt": "p", "category": "qa"} for r in (own, rec, peer)]
+    summary = bench.aggregate(records)
+    assert summary["overall"]["ngram"]["decode_speedup"] == pytest.approx(2.0)
+    assert bench.aggregate_by_turn(records) == {}  # single-turn prompts only: no per-turn tables
+    config = {"target": {"name_or_path": "t"}, "suite": {"name": "quick"}, "num_draft_tokens": 3, "max_new_tokens": 8}
+    md = bench.render_markdown({"config": config, "summary": summary, "peer_ratios": [], "greedy_mismatches": []})
+    assert ("| method | speedup vs AR | tok/s | decode speedup vs AR | decode tok/s | prefill ms | acceptance |"
+            in md)
+    assert "| ngram | 1.33x | 13.3 | 2.00x | 40.0 | 500.0 |" in md
+    assert "| hf_generate | 2.00x | 20.0 | - | - | - |" in md and "per turn" not in md
+
+
+def test_a_multi_turn_prompt_must_fit_the_context_at_its_last_turn() -> None:
+    tokenizer = models.load_tokenizer("smollm2-135m")
+    prompt = SuitePrompt(id="m", category="chat", turns=("Hello there.", "And again?"))
+    length = len(prompt.token_ids(tokenizer, [""]))
+    assert bench_checks.context_problems([prompt], tokenizer, length + 8, 4) == []
+    (problem,) = bench_checks.context_problems([prompt], tokenizer, length + 7, 4)
+    assert f"prompt 'm' (chat): {length} prompt tokens over its 2 turns + 2 x 4 new tokens = {length + 8}" in problem

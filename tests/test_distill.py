@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_module
-from hydra.core.global_hydra import GlobalHydra
-from omegaconf import OmegaConf
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
@@ -29,8 +25,7 @@ from specdraft.train.distill import (
 )
 from specdraft.train.early_exit import precompute_teacher
 from specdraft.train.losses import distill_loss
-from specdraft.train.selfgen import generate_batch, load_selfgen_records, run_selfgen
-from specdraft.train.selfgen_prompts import build_prompts
+from specdraft.train.selfgen import load_selfgen_records
 from specdraft.vocab import VOCAB_FILE, PrunedVocab
 
 
@@ -193,28 +188,6 @@ def test_batches_pack_every_example_and_each_epoch_visits_every_batch_once() -> 
     assert [id(batch_at(batches, s, 0)) for s in range(n, 2 * n)] != [id(batch_at(batches, s, 0)) for s in range(n)] or n < 3
 
 
-@pytest.mark.slow  # loads the default target's tokenizer (GGUF), ~10 s
-def test_selfgen_prompts_and_generation_capture_teacher_topk(tmp_path: Path) -> None:
-    prompts = build_prompts(40, seed=0)
-    assert len({p.id for p in prompts}) == 40
-    assert {p.kind for p in prompts} >= {"explain", "summarise"}
-    assert {p.split for p in build_prompts(400)} == {"train", "eval"}
-    target = tiny_random_target(vocab_size=49152, seed=0, tokenizer="smollm2-135m", hidden_size=16, num_layers=1)
-    rows = generate_batch(target.model, target.tokenizer, prompts[:2], max_new_tokens=5, top_k=4, eos_token_ids=[])
-    for r in rows:
-        assert len(r["completion_ids"]) == 5
-        # greedy: the generated token is the teacher's top-1 at every step
-        assert r["topk_indices"][:, 0].tolist() == r["completion_ids"]
-    path = tmp_path / "selfgen.jsonl"
-    path.write_text("".join(json.dumps({k: v for k, v in r.items() if not k.startswith("topk")}) + "\n" for r in rows))
-    torch.save({r["id"]: (r["topk_values"], r["topk_indices"]) for r in rows}, tmp_path / "topk-000000.pt")
-    recs = load_selfgen_records(rows[0]["split"], path)
-    examples, missing = selfgen_examples(recs, tmp_path, max_len=512)
-    assert not missing and len(examples) == len(recs)
-    ex = examples[0]
-    assert ex.ids[ex.positions + 1].tolist() == recs[0]["completion_ids"]
-
-
 def test_selfgen_loader_errors(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="split"):
         load_selfgen_records("test")
@@ -241,17 +214,3 @@ def test_missing_selfgen_topk_is_computed_once_and_cached(target_and_data: tuple
         assert ex.topk_indices[:, 0].tolist() == top.indices[:, 0].tolist()
 
 
-def test_selfgen_yaml_repeats_the_run_selfgen_defaults() -> None:
-    """`specdraft-selfgen` with no overrides runs what `run_selfgen()` runs (threads is the CLI's own)."""
-    GlobalHydra.instance().clear()
-    with initialize_config_module(config_module="conf", version_base="1.3"):
-        cfg = compose(config_name="selfgen")
-    GlobalHydra.instance().clear()
-    params = {k: p.default for k, p in inspect.signature(run_selfgen).parameters.items()}
-    assert set(cfg) - {"threads"} == set(params)
-    assert cfg.target.name_or_path == params.pop("target")  # the target group, as in every recipe
-    # the output has no library default; the CLI writes under its run directory, never into the package
-    assert params.pop("out_dir") is inspect.Parameter.empty
-    assert OmegaConf.to_container(cfg)["out_dir"].startswith("${hydra:runtime.output_dir}/")
-    assert list(cfg.kinds) == list(params.pop("kinds"))
-    assert {k: v for k, v in OmegaConf.to_container(cfg).items() if k in params} == params

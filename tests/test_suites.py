@@ -1,4 +1,5 @@
-"""Prompt suites: the built-in suites' shape, user files, tokenization, malformed-line errors."""
+"""Prompt suites: the built-in suites' shape, user files (our forms and MT-bench's multi-turn
+question format), tokenization, malformed-line errors."""
 
 from __future__ import annotations
 
@@ -14,7 +15,13 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 from transformers import PreTrainedTokenizerFast
 
-from specdraft.suites import ChatMessage, SuitePrompt, by_category, categories, load_suite
+from specdraft.suites import (
+    ChatMessage,
+    SuitePrompt,
+    by_category,
+    categories,
+    load_suite,
+)
 
 REQUIRED_CATEGORIES = {"code_edit", "code_write", "summarize", "qa", "chat", "math"}
 GENERATOR = Path(__file__).resolve().parents[1] / "benchmarks" / "make_builtin_suite.py"
@@ -23,6 +30,7 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<s> assistant {% endif %}"
 )
 GOOD_CHAT = {"id": "a", "category": "qa", "messages": [{"role": "user", "content": "hello"}]}
+GOOD_TURNS = {"question_id": "t", "category": "chat", "turns": ["hello", "world"]}
 
 
 def _word_tokenizer() -> PreTrainedTokenizerFast:
@@ -122,8 +130,20 @@ MALFORMED = [
     (json.dumps({"category": "qa", "prompt": "x"}), "missing field `id`"),
     (json.dumps({"id": "x", "prompt": "x"}), "missing field `category`"),
     (json.dumps({"id": 7, "category": "qa", "prompt": "x"}), "`id` must be a non-empty string"),
-    (json.dumps({"id": "x", "category": "qa"}), "exactly one of `messages` or `prompt`"),
-    (json.dumps({**GOOD_CHAT, "id": "x", "prompt": "p"}), "exactly one of `messages` or `prompt`"),
+    (json.dumps({"id": "x", "category": "qa"}), "exactly one of `messages`, `prompt` or `turns`"),
+    (json.dumps({**GOOD_CHAT, "id": "x", "prompt": "p"}), "exactly one of `messages`, `prompt` or `turns`"),
+    (json.dumps({**GOOD_TURNS, "question_id": "x", "prompt": "p"}), "exactly one of `messages`, `prompt` or `turns`"),
+    (json.dumps({**GOOD_TURNS, "turns": []}), "`turns` must be a non-empty list of strings"),
+    (json.dumps({**GOOD_TURNS, "turns": "hello"}), "`turns` must be a non-empty list of strings"),
+    (json.dumps({**GOOD_TURNS, "turns": ["hello", 3]}), "turn 2 of `turns` must be a non-empty string"),
+    (json.dumps({**GOOD_TURNS, "turns": ["hello", " "]}), "turn 2 of `turns` must be a non-empty string"),
+    (json.dumps({"question_id": "x", "turns": ["hello"]}), "missing field `category`"),
+    (json.dumps({"category": "qa", "turns": ["hello"]}), "missing field `id` \\(or `question_id`\\)"),
+    (json.dumps({**GOOD_TURNS, "question_id": True}), "`question_id` must be a non-empty string or an integer"),
+    (json.dumps({**GOOD_TURNS, "question_id": 8.5}), "`question_id` must be a non-empty string or an integer"),
+    (json.dumps({**GOOD_TURNS, "id": "x"}), "one of `id` or `question_id`, not both"),
+    (json.dumps({**GOOD_TURNS, "reference": "42"}), "`reference` .* must be a list"),
+    (json.dumps({**GOOD_TURNS, "question_id": "a"}), "duplicate id 'a' \\(first on line 1\\)"),
     (json.dumps({"id": "x", "category": "qa", "prompt": ["p"]}), "`prompt` must be a non-empty"),
     (json.dumps({"id": "x", "category": "qa", "messages": "hi"}), "must be a non-empty list"),
     (json.dumps({"id": "x", "category": "qa", "messages": []}), "must be a non-empty list"),
@@ -153,6 +173,43 @@ def test_malformed_line_names_file_and_line(tmp_path: Path, bad_line: str, probl
         load_suite(path)
 
 
+def test_mt_bench_questions_parse_with_int_ids_and_references(tmp_path: Path) -> None:
+    path = _write_lines(tmp_path / "question.jsonl", [
+        json.dumps({"question_id": 81, "category": "writing", "turns": ["hello there", "world"]}),
+        json.dumps({"question_id": 111, "category": "math", "turns": ["hi"], "reference": ["4", "2"]}),
+        json.dumps({**GOOD_CHAT, "id": "81b"}),  # forms mix in one file
+        json.dumps({"question_id": "p", "category": "raw", "prompt": "hello", "max_new_tokens": 8}),
+    ])
+    prompts = load_suite(path)
+    assert [p.id for p in prompts] == ["81", "111", "81b", "p"]
+    assert prompts[0] == SuitePrompt(id="81", category="writing", turns=("hello there", "world"))
+    assert [p.num_turns for p in prompts] == [2, 1, 1, 1]
+    assert [prompts[0].turn_id(2), prompts[1].turn_id(1), prompts[2].turn_id(1)] == ["81#t2", "111#t1", "81b"]
+    assert load_suite(_write_lines(tmp_path / "again.jsonl",
+                                   [json.dumps(p.to_json()) for p in prompts])) == prompts  # round trip
+    with pytest.raises(ValueError, match="duplicate id '81'"):  # an int id and its string are one id
+        load_suite(_write_lines(tmp_path / "dup.jsonl", [
+            json.dumps({"question_id": 81, "category": "c", "turns": ["x"]}),
+            json.dumps({"id": "81", "category": "c", "prompt": "x"})]))
+
+
+def test_turns_build_the_conversation_with_earlier_answers() -> None:
+    tokenizer = _word_tokenizer()
+    vocab = tokenizer.get_vocab()
+    prompt = SuitePrompt(id="t", category="chat", turns=("hello", "world"))
+    assert prompt.conversation() == (ChatMessage("user", "hello"),)
+    assert prompt.conversation(["hi there"]) == (
+        ChatMessage("user", "hello"), ChatMessage("assistant", "hi there"), ChatMessage("user", "world"))
+    second = ["<s>", "user", "hello", "</s>", "<s>", "assistant", "hi", "there", "</s>",
+              "<s>", "user", "world", "</s>", "<s>", "assistant"]
+    assert prompt.token_ids(tokenizer, ["hi there"]) == [vocab[w] for w in second]
+    assert prompt.token_ids(tokenizer) == [vocab[w] for w in ["<s>", "user", "hello", "</s>", "<s>", "assistant"]]
+    with pytest.raises(ValueError, match="has 2 turn\\(s\\), so at most 1 earlier answer"):
+        prompt.conversation(["a", "b"])
+    with pytest.raises(ValueError, match="at most 0 earlier answer"):
+        SuitePrompt(id="r", category="raw", prompt="hello").token_ids(tokenizer, ["hi"])
+
+
 def test_every_malformed_line_is_reported_at_once(tmp_path: Path) -> None:
     path = _write_lines(tmp_path / "bad.jsonl", [
         "{not json", json.dumps(GOOD_CHAT), json.dumps({"id": "x", "prompt": "p"}), json.dumps(GOOD_CHAT)])
@@ -173,6 +230,8 @@ def test_unknown_suite_and_empty_file(tmp_path: Path) -> None:
 def test_prompt_needs_exactly_one_of_messages_or_prompt() -> None:
     with pytest.raises(ValueError, match="exactly one"):
         SuitePrompt(id="x", category="qa")
+    with pytest.raises(ValueError, match="exactly one of `messages`, `prompt` or `turns`"):
+        SuitePrompt(id="x", category="qa", prompt="p", turns=("t",))
 
 
 @pytest.mark.slow

@@ -1,17 +1,24 @@
 """Prompt suites: the JSONL files that `specdraft-bench`, `make demo` and the GPU check run.
 
-A suite is a JSONL file, one prompt per line, in one of two forms:
+A suite is a JSONL file, one prompt per line, in one of three forms:
 
     {"id": "qa-01", "category": "qa", "messages": [{"role": "user", "content": "..."}]}
     {"id": "raw-01", "category": "completion", "prompt": "def fibonacci(n):"}
+    {"question_id": 81, "category": "writing", "turns": ["user turn 1", "user turn 2"]}
 
-plus an optional positive integer "max_new_tokens". `messages` go through the tokenizer's chat
-template (with the generation prompt appended); a raw `prompt` is encoded as it is. Built-in suites
+plus an optional positive integer "max_new_tokens" (per turn). `messages` go through the tokenizer's
+chat template (with the generation prompt appended); a raw `prompt` is encoded as it is. `turns` is
+the MT-bench / Spec-Bench question.jsonl format, so those files run as they are: the model answers
+turn 1, its answer is appended as an assistant message, then it answers turn 2 on the whole
+conversation, and so on (`SuitePrompt.conversation`). The id is `id` (a string) or `question_id`
+(a string or an integer, kept as a string) in every form; MT-bench's "reference" answers are
+accepted and ignored. A file may mix forms. Built-in suites
 ship as package data in `specdraft/suites/` ("builtin": 6 categories x 6 prompts in the spirit of
 Spec-Bench, written by `benchmarks/make_builtin_suite.py`; "quick": its first two prompts of four
-categories, for `make demo`); any other name is read as a file path. The shipped drafters' training
-prompts were built in the builtin suite's categories, so for them it is in-distribution: judge a
-trained drafter on a held-out suite of your own as well (docs/ARCHITECTURE.md, evaluation).
+categories, for `make demo`; "general": a hand-written held-out suite in the `turns` form); any
+other name is read as a file path. The shipped drafters' training prompts were built in the
+builtin suite's categories, so for them it is in-distribution: judge a trained drafter on a
+held-out suite ("general", or your own) as well (docs/ARCHITECTURE.md, evaluation).
 Malformed lines raise one `ValueError` naming the file, each bad line's number and its problem, so a
 user's own suite fails, whole, before any model is loaded.
 """
@@ -25,10 +32,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-BUILTIN_SUITES = ("builtin", "quick")
+BUILTIN_SUITES = ("builtin", "quick", "general")
 ROLES = ("system", "user", "assistant")
-_REQUIRED = ("id", "category")
-_OPTIONAL = ("messages", "prompt", "max_new_tokens")
+ID_FIELDS = ("id", "question_id")  # ours, MT-bench's
+BODY_FIELDS = ("messages", "prompt", "turns")  # exactly one per line
+_OPTIONAL = ("max_new_tokens", "reference")  # "reference": MT-bench's reference answers, ignored
+_ALLOWED = (*ID_FIELDS, "category", *BODY_FIELDS, *_OPTIONAL)
 
 
 @dataclass(frozen=True)
@@ -45,45 +54,87 @@ class ChatMessage:
 
 @dataclass(frozen=True)
 class SuitePrompt:
-    """One prompt of a suite: exactly one of `messages` (a chat) or `prompt` (raw text) is set."""
+    """One prompt of a suite: exactly one of `messages` (a chat), `prompt` (raw text) or `turns`
+    (user turns of a multi-turn conversation, each answered by the model in turn) is set."""
 
     id: str
     category: str
     messages: tuple[ChatMessage, ...] | None = None
     prompt: str | None = None
     max_new_tokens: int | None = None
+    turns: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        if (self.messages is None) == (self.prompt is None):
+        if sum(body is not None for body in (self.messages, self.prompt, self.turns)) != 1:
             raise ValueError(
-                f"prompt {self.id!r} must have exactly one of `messages` or `prompt`; set one."
+                f"prompt {self.id!r} must have exactly one of `messages`, `prompt` or `turns`; set one."
             )
 
-    def token_ids(self, tokenizer: Any) -> list[int]:
-        """Prompt token ids: chat template + generation prompt for messages, else plain encode."""
-        if self.prompt is not None:
+    @property
+    def num_turns(self) -> int:
+        """How many answers the model generates: one per user turn, 1 for `messages` and `prompt`."""
+        return len(self.turns) if self.turns is not None else 1
+
+    def turn_id(self, turn: int) -> str:
+        """The id of turn `turn` (1-based) in results: `<id>#t<turn>` for `turns`, else the id."""
+        return self.id if self.turns is None else f"{self.id}#t{turn}"
+
+    def conversation(self, answers: Sequence[str] = ()) -> tuple[ChatMessage, ...] | None:
+        """The chat the model answers next: `messages`, or for `turns` the user turns up to turn
+        len(answers) + 1 with the model's earlier `answers` between them as assistant messages;
+        None for a raw `prompt`."""
+        if len(answers) >= self.num_turns:
+            raise ValueError(
+                f"prompt {self.id!r} has {self.num_turns} turn(s), so at most {self.num_turns - 1} "
+                f"earlier answer(s), not {len(answers)}."
+            )
+        if self.turns is None:
+            return self.messages
+        messages = []
+        for turn, answer in zip(self.turns, [*answers, None]):
+            messages.append(ChatMessage("user", turn))
+            if answer is not None:
+                messages.append(ChatMessage("assistant", answer))
+        return tuple(messages)
+
+    def token_ids(self, tokenizer: Any, answers: Sequence[str] = ()) -> list[int]:
+        """Prompt token ids: chat template + generation prompt for a chat (`conversation(answers)`:
+        the first turn when no answers are given), else plain encode."""
+        messages = self.conversation(answers)
+        if messages is None:
             return list(tokenizer.encode(self.prompt))
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError(
                 f"prompt {self.id!r} is a chat but the tokenizer has no chat template; use a "
                 "chat model's tokenizer or write the prompt as raw text in a `prompt` field."
             )
-        text = tokenizer.apply_chat_template(
-            [m.as_dict() for m in self.messages or ()], add_generation_prompt=True, tokenize=False
-        )
-        # The rendered template already holds every special token it needs.
-        return list(tokenizer.encode(text, add_special_tokens=False))
+        return chat_prompt_ids(tokenizer, [m.as_dict() for m in messages])
+
+    def user_texts(self) -> list[str]:
+        """Every user message of this prompt (all turns), e.g. to keep them out of training data."""
+        if self.turns is not None:
+            return list(self.turns)
+        return [m.content for m in self.messages or () if m.role == "user"]
 
     def to_json(self) -> dict[str, Any]:
         """The JSONL record of this prompt (inverse of parsing; `None` fields are left out)."""
         record: dict[str, Any] = {"id": self.id, "category": self.category}
         if self.messages is not None:
             record["messages"] = [m.as_dict() for m in self.messages]
+        elif self.turns is not None:
+            record["turns"] = list(self.turns)
         else:
             record["prompt"] = self.prompt
         if self.max_new_tokens is not None:
             record["max_new_tokens"] = self.max_new_tokens
         return record
+
+
+def chat_prompt_ids(tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> list[int]:
+    """Token ids of a chat with the generation prompt appended, as every prompt here is encoded."""
+    text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+    # The rendered template already holds every special token it needs.
+    return list(tokenizer.encode(text, add_special_tokens=False))
 
 
 def _line_error(source: str, line_no: int, problem: str) -> str:
@@ -108,36 +159,61 @@ def _parse_messages(value: Any) -> tuple[ChatMessage, ...]:
     return tuple(messages)
 
 
+def _parse_turns(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        raise ValueError("`turns` must be a non-empty list of strings (the user's turns)")
+    for i, turn in enumerate(value, start=1):
+        if not isinstance(turn, str) or not turn.strip():
+            raise ValueError(f"turn {i} of `turns` must be a non-empty string")
+    return tuple(value)
+
+
+def _parse_id(record: dict[str, Any]) -> str:
+    """`id` (a non-empty string) or MT-bench's `question_id` (a non-empty string or an integer)."""
+    given = [key for key in ID_FIELDS if key in record]
+    if len(given) != 1:
+        raise ValueError("missing field `id` (or `question_id`)" if not given
+                         else "give one of `id` or `question_id`, not both")
+    value = record[given[0]]
+    if given[0] == "question_id" and isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, str) or not value.strip():
+        kinds = "a non-empty string or an integer" if given[0] == "question_id" else "a non-empty string"
+        raise ValueError(f"field `{given[0]}` must be {kinds}")
+    return value
+
+
 def parse_record(record: Any) -> SuitePrompt:
     """Validate one decoded JSON line and build its `SuitePrompt`; ValueError says what is wrong."""
     if not isinstance(record, dict):
         raise ValueError(f"expected a JSON object, got {type(record).__name__}")
-    unknown = sorted(set(record) - set(_REQUIRED) - set(_OPTIONAL))
+    unknown = sorted(set(record) - set(_ALLOWED))
     if unknown:
-        raise ValueError(
-            f"unknown field(s) {', '.join(unknown)}; allowed: {', '.join(_REQUIRED + _OPTIONAL)}"
-        )
-    for key in _REQUIRED:
-        if key not in record:
-            raise ValueError(f"missing field `{key}`")
-        if not isinstance(record[key], str) or not record[key].strip():
-            raise ValueError(f"field `{key}` must be a non-empty string")
-    has_messages, has_prompt = "messages" in record, "prompt" in record
-    if has_messages == has_prompt:
-        raise ValueError("give exactly one of `messages` or `prompt`")
+        raise ValueError(f"unknown field(s) {', '.join(unknown)}; allowed: {', '.join(_ALLOWED)}")
+    prompt_id = _parse_id(record)
+    if "category" not in record:
+        raise ValueError("missing field `category`")
+    if not isinstance(record["category"], str) or not record["category"].strip():
+        raise ValueError("field `category` must be a non-empty string")
+    bodies = [key for key in BODY_FIELDS if key in record]
+    if len(bodies) != 1:
+        raise ValueError("give exactly one of `messages`, `prompt` or `turns`")
+    if "reference" in record and not isinstance(record["reference"], list):
+        raise ValueError("`reference` (reference answers, ignored) must be a list")
     max_new = record.get("max_new_tokens")
     bad_int = not isinstance(max_new, int) or isinstance(max_new, bool) or max_new < 1
     if max_new is not None and bad_int:
         raise ValueError("`max_new_tokens` must be a positive integer")
     prompt = record.get("prompt")
-    if has_prompt and (not isinstance(prompt, str) or not prompt.strip()):
+    if "prompt" in record and (not isinstance(prompt, str) or not prompt.strip()):
         raise ValueError("field `prompt` must be a non-empty string")
     return SuitePrompt(
-        id=record["id"],
+        id=prompt_id,
         category=record["category"],
-        messages=_parse_messages(record["messages"]) if has_messages else None,
-        prompt=prompt if has_prompt else None,
+        messages=_parse_messages(record["messages"]) if "messages" in record else None,
+        prompt=prompt,
         max_new_tokens=max_new,
+        turns=_parse_turns(record["turns"]) if "turns" in record else None,
     )
 
 
@@ -179,7 +255,7 @@ def parse_suite(lines: Iterable[str], source: str) -> list[SuitePrompt]:
 
 
 def load_suite(name_or_path: str | Path) -> list[SuitePrompt]:
-    """Load a built-in suite by name ("builtin", "quick") or a user's JSONL file by path."""
+    """Load a built-in suite by name (BUILTIN_SUITES) or a user's JSONL file by path."""
     key = str(name_or_path)
     if key in BUILTIN_SUITES:
         resource = resources.files(__name__).joinpath(f"{key}.jsonl")
@@ -197,8 +273,7 @@ def load_suite(name_or_path: str | Path) -> list[SuitePrompt]:
 def dump_suite(prompts: Sequence[SuitePrompt], path: str | Path) -> None:
     """Write prompts as JSONL (one object per line, UTF-8, non-ASCII kept readable)."""
     with Path(path).open("w", encoding="utf-8") as handle:
-        for prompt in prompts:
-            handle.write(json.dumps(prompt.to_json(), ensure_ascii=False) + "\n")
+        handle.writelines(json.dumps(prompt.to_json(), ensure_ascii=False) + "\n" for prompt in prompts)
 
 
 def by_category(prompts: Iterable[SuitePrompt]) -> dict[str, list[SuitePrompt]]:

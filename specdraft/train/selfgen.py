@@ -1,204 +1,382 @@
-"""Self-distillation data: the target's own greedy answers to chat-like prompts built offline.
+"""Self-distillation data: broad conversations the target writes and answers itself, offline.
 
-A draft imitates the target best on text the target itself would write: its own generations are far
-more predictable than human text (stdlib source), and they look like what the drafter meets at
-inference (chat answers). The prompts (`specdraft.train.selfgen_prompts`) are built from offline
-text only: "Explain ...", "Summarise ...", "Write a function that ...", templated chat requests.
+A drafter imitates the target best on text the target itself writes, on requests as varied as its
+users'. With no dataset at hand, the target makes both halves:
 
-Output, reusable by every recipe (draft model, Medusa heads, early-exit adapter):
-  <out_dir>/selfgen.jsonl   one line per prompt: {"id", "split", "kind", "prompt", "prompt_ids",
-                            "completion", "completion_ids"} (chat-templated prompt ids)
-  <cache_dir>/topk-*.pt     optional: the target's top-k logits at every generated position,
-                            captured during generation for free (a teacher cache for distillation)
+- user turns: Magpie-style (`specdraft.train.magpie`): the chat template up to the start of a user
+  turn (with a varied system prompt) and the target samples the user's message, several turns
+  deep, each next turn after its own answer; plus long-context tasks over the standard library's
+  docs and source (`specdraft.train.corpus_tasks`) and, on request, the templated prompts of the
+  first data (`specdraft.train.selfgen_prompts`);
+- every first turn is deduplicated, exact and near (`specdraft.train.dedup`, word 3-grams), also
+  against every prompt of the shipped suites (they stay held out), and user turns and answers are
+  filtered (`specdraft.train.data_quality`: length, refusals, degenerate repetition);
+- answers: the target's greedy answer (which the conversation continues from) and, for a share of
+  the turns, a sampled one (temperature 1: the distribution `sampling=sample` decodes);
+- the split is by conversation (a hash of its id), never by answer: every turn and sample of one
+  conversation is in the same split.
 
-Generation is batched (Hugging Face `generate`, left padding; batch 16-32 is far faster per token
-than batch 1 on CPU) and resumable: prompts already in the JSONL are skipped. By default a run writes
-a fresh folder under Hydra's run directory; continuing an existing JSONL (e.g. adding templated kinds
-to the shipped one) names its folder and says so (`overwrite=true`, `specdraft.train.outputs`).
+Output (`out_dir`): `shards/shard-NNNNN.jsonl` (one record per answer: {"id", "conversation",
+"turn", "mode", "split", "kind", "source", "system", "messages", "prompt", "prompt_ids",
+"completion", "completion_ids", "finished"}) and `shard-NNNNN.json` (its counts), written
+atomically per shard; `report.json` / `report.md`, the diversity report. A run stops at the shard
+that reaches `token_budget` answer tokens (or `max_minutes`); rerun with `overwrite=true` to resume:
+finished shards are kept and their prompts stay in the duplicate index, so a resumed run writes what
+one uninterrupted run writes. Generation is batched (Hugging Face `generate`, left padding).
 
-    specdraft-selfgen num_prompts=1200 batch_size=24 max_new_tokens=160   (conf/selfgen.yaml)
-    python -m specdraft.train.selfgen "kinds=[math,code_edit]" out_dir=outputs/selfgen overwrite=true
+    specdraft-selfgen token_budget=2000000 out_dir=outputs/selfgen_broad     (conf/selfgen.yaml)
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import random
+import sys
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
-from transformers import LogitsProcessor, LogitsProcessorList
 
 from specdraft.console import hydra_cli
 from specdraft.models import load_target, load_tokenizer
 from specdraft.shipped import ARTIFACTS_DIR
+from specdraft.suites import BUILTIN_SUITES, chat_prompt_ids, load_suite
 from specdraft.target import TargetModel
-from specdraft.train.outputs import prepare_output_dir
-from specdraft.train.selfgen_prompts import (
-    Prompt,
-    build_prompts,
-    extra_prompts_for,
-    followup_prompts,
+from specdraft.train.corpus_tasks import corpus_tasks
+from specdraft.train.data_quality import (
+    answer_problem,
+    diversity_report,
+    prompt_problem,
+    report_markdown,
 )
+from specdraft.train.dedup import DuplicateIndex
+from specdraft.train.magpie import SYSTEM_PROMPTS, system_messages, user_turn_prefix
+from specdraft.train.outputs import prepare_output_dir
+from specdraft.train.selfgen_prompts import KINDS, build_prompts, extra_prompts_for
 
 SELFGEN_DIR = ARTIFACTS_DIR / "smollm2-135m" / "selfgen"  # the shipped answers of smollm2-135m
 SELFGEN_FILE = "selfgen.jsonl"
 SPLITS = ("train", "eval")
+SOURCES = ("magpie", "corpus", "templated")
 
 
 # ------------------------------------------------------------------------------------ generation
-class TopKRecorder(LogitsProcessor):
-    """Records the top-k raw logits of every generation step (scores are returned unchanged)."""
+@dataclass(frozen=True)
+class Decoding:
+    """How one generation call decodes: temperature 0 is greedy."""
 
-    def __init__(self, k: int) -> None:
-        self.k = k
-        self.values: list[Tensor] = []  # per step [B, k] float16
-        self.indices: list[Tensor] = []  # per step [B, k] int32
-
-    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
-        top = torch.topk(scores.float(), self.k, dim=-1)
-        self.values.append(top.values.half())
-        self.indices.append(top.indices.int())
-        return scores
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
 
 
-def generate_batch(
-    model: torch.nn.Module,
-    tokenizer: object,
-    prompts: list[Prompt],
-    max_new_tokens: int,
-    top_k: int,
-    eos_token_ids: list[int],
-) -> list[dict]:
-    """Greedy answers for one batch, with the teacher's top-k logits per generated position."""
-    enc = [
-        tokenizer.apply_chat_template(p.chat(), add_generation_prompt=True, tokenize=True)  # type: ignore[attr-defined]
-        for p in prompts
-    ]
-    enc = [e["input_ids"] if isinstance(e, dict) or hasattr(e, "keys") else e for e in enc]
-    pad = int(tokenizer.pad_token_id)  # type: ignore[attr-defined]
-    width = max(len(e) for e in enc)
-    ids = torch.full((len(enc), width), pad, dtype=torch.long)  # [B, T] left padded
-    mask = torch.zeros_like(ids)
-    for i, e in enumerate(enc):
-        ids[i, width - len(e) :] = torch.tensor(e)
-        mask[i, width - len(e) :] = 1
-    recorder = TopKRecorder(top_k)
-    with torch.inference_mode():
-        out = model.generate(
-            ids,
-            attention_mask=mask,
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=pad,
-            logits_processor=LogitsProcessorList([recorder]),
-        )
-    gen = out[:, width:]  # [B, N]
-    values = torch.stack(recorder.values, dim=1)  # [B, N, k]
-    indices = torch.stack(recorder.indices, dim=1)  # [B, N, k]
-    eos = set(eos_token_ids) | {pad}
-    rows = []
-    for i, p in enumerate(prompts):
-        toks = gen[i].tolist()
-        n = len(toks)
-        for j, t in enumerate(toks):
-            if t in eos or t == pad:
-                n = j + 1
-                break
-        rows.append(
-            {
-                "id": p.id,
-                "split": p.split,
-                "kind": p.kind,
-                "prompt": p.text,
-                "prompt_ids": list(enc[i]),
-                "completion": tokenizer.decode(toks[:n], skip_special_tokens=True),  # type: ignore[attr-defined]
-                "completion_ids": toks[:n],
-                "topk_values": values[i, :n],
-                "topk_indices": indices[i, :n],
-            }
-        )
-    return rows
+def generate(model: torch.nn.Module, prompts: Sequence[Sequence[int]], decoding: Decoding, stop_ids: Sequence[int],
+             pad_id: int, batch_size: int, batch_tokens: int) -> list[tuple[list[int], bool]]:
+    """Continuations of `prompts` (token ids each), in order: (ids up to and including the first stop
+    id, whether it stopped). Rows run shortest first in batches of at most `batch_size` rows and
+    `batch_tokens` padded positions (prompt + new tokens), left padded."""
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    out: list[tuple[list[int], bool]] = [([], False)] * len(prompts)
+    stops = set(stop_ids)
+    start = 0
+    while start < len(order):
+        end = start + 1
+        while (end < len(order) and end - start < batch_size
+               and (end - start + 1) * (len(prompts[order[end]]) + decoding.max_new_tokens) <= batch_tokens):
+            end += 1
+        rows = [prompts[i] for i in order[start:end]]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # [B, T] left padded
+        mask = torch.zeros_like(ids)
+        for j, r in enumerate(rows):
+            ids[j, width - len(r):] = torch.tensor(list(r), dtype=torch.long)
+            mask[j, width - len(r):] = 1
+        sample = decoding.temperature > 0
+        with torch.inference_mode():
+            gen: Tensor = model.generate(  # type: ignore[operator]
+                ids, attention_mask=mask, max_new_tokens=decoding.max_new_tokens, do_sample=sample,
+                temperature=decoding.temperature if sample else None, top_p=decoding.top_p if sample else None,
+                top_k=0 if sample else None, eos_token_id=list(stops), pad_token_id=pad_id,
+            )[:, width:]  # [B, N]
+        for j, i in enumerate(order[start:end]):
+            toks = gen[j].tolist()
+            cut = next((k + 1 for k, t in enumerate(toks) if t in stops), None)
+            out[i] = (toks[:cut], True) if cut is not None else (toks, False)
+        start = end
+    return out
 
 
-def run_selfgen(
-    target: str | TargetModel = "smollm2-135m",
-    *,
-    out_dir: str | Path,
-    cache_dir: str | Path | None = None,
-    num_prompts: int = 1200,
-    batch_size: int = 24,
-    max_new_tokens: int = 160,
-    top_k: int = 32,
-    seed: int = 0,
-    max_minutes: float | None = None,
-    kinds: Sequence[str] = (),
-    overwrite: bool = False,
-) -> Path:
-    """Generate (or resume) the self-distillation JSONL; top-k teacher shards go to cache_dir.
+# ------------------------------------------------------------------------------------ conversations
+@dataclass
+class Conversation:
+    """One chat being written: its first user turn is given (corpus, templated) or sampled (magpie)."""
 
-    `kinds` empty: the first `num_prompts` of `build_prompts`. Otherwise every templated prompt of
-    those kinds (`selfgen_prompts`; "followup" = a next turn after each generated "advice" or "revise"
-    answer, so generate "advice" first), shortest first, so that a batch wastes little padding.
-    max_minutes: stop after the batch that passes this wall-clock budget (None = none; resumable).
-    overwrite: write into a non-empty out_dir / cache_dir (a selfgen.jsonl there is continued);
-    without it such a folder is refused before the target loads (`prepare_output_dir`)."""
-    if batch_size < 1 or max_new_tokens < 1:
-        raise ValueError(f"batch_size and max_new_tokens must be >= 1, got {batch_size} and {max_new_tokens}.")
-    out = prepare_output_dir(out_dir, overwrite, "out_dir")
-    if cache_dir is not None:
-        prepare_output_dir(cache_dir, overwrite, "cache_dir")
-    path = out / SELFGEN_FILE
-    records = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-    done = {r["id"] for r in records}
-    if kinds:
-        pool = extra_prompts_for(kinds, seed)
-        if "followup" in kinds:
-            pool += followup_prompts(records, seed)
-        todo = sorted((p for p in pool if p.id not in done), key=lambda p: len(p.text) + sum(len(c) for _, c in p.history))
-    else:
-        todo = [p for p in build_prompts(num_prompts, seed) if p.id not in done]
-    target = load_target(target, device="cpu") if isinstance(target, str) else target
-    print(f"[selfgen] {len(todo)} prompts to generate ({len(done)} already done)", flush=True)
-    t0 = time.time()
-    tokens = 0
-    for b in range(0, len(todo), batch_size):
-        batch = sorted(todo[b : b + batch_size], key=lambda p: len(p.text))
-        rows = generate_batch(
-            target.model, target.tokenizer, batch, max_new_tokens, top_k, target.eos_token_ids
-        )
-        if cache_dir is not None:
-            Path(cache_dir).mkdir(parents=True, exist_ok=True)
-            shard = {r["id"]: (r["topk_values"], r["topk_indices"]) for r in rows}
-            torch.save(shard, Path(cache_dir) / f"topk-{len(done) + b:06d}.pt")
-        with path.open("a") as f:
-            for r in rows:
-                f.write(json.dumps({k: v for k, v in r.items() if not k.startswith("topk")}) + "\n")
-        tokens += sum(len(r["completion_ids"]) for r in rows)
-        rate = tokens / (time.time() - t0)
-        print(f"[selfgen] {len(done) + b + len(batch)}/{len(done) + len(todo)} prompts, {tokens} tokens, {rate:.0f} tok/s", flush=True)
-        if max_minutes is not None and time.time() - t0 > 60 * max_minutes:
+    id: str
+    source: str
+    kind: str
+    system: str | None
+    depth: int  # user turns to write
+    first_turn: str | None = None
+    messages: list[dict[str, str]] = field(default_factory=list)  # system + turns so far
+
+
+def stable_seed(*parts: object) -> int:
+    """A seed from `parts` that is the same in every process (Python's own hash of a str is not)."""
+    return int.from_bytes(hashlib.sha1(repr(parts).encode()).digest()[:4], "big")
+
+
+def split_of(key: str, eval_fraction: float) -> str:
+    """The stable split of a conversation, by a hash of its id."""
+    h = int.from_bytes(hashlib.sha1(key.encode()).digest()[:4], "big") / 2**32
+    return "eval" if h < eval_fraction else "train"
+
+
+@dataclass(frozen=True)
+class SelfgenSettings:
+    """What `run_selfgen` makes (the fields of conf/selfgen.yaml, less target, paths and threads)."""
+
+    token_budget: int = 2_000_000
+    shard_size: int = 256
+    sources: Mapping[str, float] = field(default_factory=lambda: {"magpie": 0.8, "corpus": 0.2})
+    turn_weights: Sequence[float] = (0.55, 0.3, 0.15)  # P(1 user turn), P(2), P(3)
+    sample_fraction: float = 0.25  # turns that also get a sampled answer
+    user_temperature: float = 1.0
+    user_top_p: float = 0.95
+    answer_temperature: float = 1.0
+    max_user_tokens: int = 128
+    max_answer_tokens: int = 256
+    max_prompt_tokens: int = 3584
+    near_duplicate: float = 0.7  # Jaccard of word 3-gram sets at which two first turns are duplicates
+    eval_fraction: float = 0.05
+    batch_size: int = 32
+    batch_tokens: int = 24576
+    seed: int = 0
+    max_minutes: float | None = None
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.sources) - set(SOURCES))
+        if unknown or not self.sources or min(self.sources.values()) < 0 or sum(self.sources.values()) <= 0:
+            raise ValueError(f"sources must map some of {list(SOURCES)} to weights >= 0 with a positive sum, "
+                             f"got {dict(self.sources)}.")
+        if not self.turn_weights or min(self.turn_weights) < 0 or sum(self.turn_weights) <= 0:
+            raise ValueError(f"turn_weights must be weights >= 0 of 1, 2, ... user turns, got {list(self.turn_weights)}.")
+        if self.token_budget < 1 or self.shard_size < 1 or self.batch_size < 1:
+            raise ValueError("token_budget, shard_size and batch_size must be >= 1.")
+        if not 0.0 <= self.sample_fraction <= 1.0 or not 0.0 <= self.eval_fraction < 1.0:
+            raise ValueError(f"sample_fraction must be in [0, 1] and eval_fraction in [0, 1), got "
+                             f"{self.sample_fraction} and {self.eval_fraction}.")
+
+
+def fixed_pools(sources: Mapping[str, float], seed: int) -> dict[str, list[tuple[str, str, str]]]:
+    """(id, kind, first user turn) of the sources whose first turns are given, in a fixed order."""
+    pools: dict[str, list[tuple[str, str, str]]] = {}
+    if sources.get("corpus", 0) > 0:
+        pools["corpus"] = [(t.key, t.kind, t.text) for t in corpus_tasks(seed)]
+    if sources.get("templated", 0) > 0:
+        prompts = extra_prompts_for(KINDS, seed) + build_prompts(10**6, seed)
+        random.Random(seed).shuffle(prompts)
+        pools["templated"] = [(f"templated/{p.id}", p.kind, p.text) for p in prompts if not p.history]
+    return pools
+
+
+def shard_conversations(index: int, s: SelfgenSettings, pools: Mapping[str, list[tuple[str, str, str]]]) -> list[Conversation]:
+    """The conversations of shard `index`: each fixed source (corpus, templated) fills its share of
+    the shard with the next slice of its pool (slice `index`, so no state carries over between
+    shards and every item is used once); magpie fills the rest, also once a pool is used up."""
+    rng = random.Random(f"{s.seed}/{index}")
+    total = sum(s.sources.values())
+    slots: list[tuple[str, str, str] | None] = []
+    for source, pool in pools.items():
+        per_shard = round(s.shard_size * s.sources[source] / total)
+        slots += [(source, *item) for item in pool[index * per_shard : (index + 1) * per_shard]]
+    slots = slots[: s.shard_size]
+    slots += [None] * (s.shard_size - len(slots))
+    rng.shuffle(slots)
+    convs = []
+    for i, slot in enumerate(slots):
+        depth = rng.choices(range(1, len(s.turn_weights) + 1), weights=s.turn_weights)[0]
+        system = rng.choice(SYSTEM_PROMPTS)
+        if slot is None:
+            convs.append(Conversation(f"magpie/{index:05d}/{i:03d}", "magpie", "magpie", system, depth))
+        else:
+            source, key, kind, text = slot  # type: ignore[misc]
+            convs.append(Conversation(key, source, kind, system, depth, text))
+    return convs
+
+
+def suite_index(s: SelfgenSettings) -> DuplicateIndex:
+    """A duplicate index that already holds every user turn of the shipped suites (kept out of the data)."""
+    index = DuplicateIndex(threshold=s.near_duplicate)
+    for name in BUILTIN_SUITES:
+        for sp in load_suite(name):
+            for j, text in enumerate(sp.user_texts()):
+                index.add(f"suite:{name}/{sp.id}/{j}", text)
+    return index
+
+
+@dataclass
+class ShardResult:
+    records: list[dict[str, Any]]
+    rejected: Counter[str]
+
+
+def write_shard(target: TargetModel, convs: list[Conversation], index: DuplicateIndex, s: SelfgenSettings,
+                shard: int) -> ShardResult:
+    """Write every conversation of one shard turn by turn, batched across conversations."""
+    tok = target.tokenizer
+    model, stops, pad = target.model, list(target.eos_token_ids), int(tok.pad_token_id)
+    rng = random.Random(f"{s.seed}/{shard}/answers")
+    batch = {"stop_ids": stops, "pad_id": pad, "batch_size": s.batch_size, "batch_tokens": s.batch_tokens}
+    rejected: Counter[str] = Counter()
+    records: list[dict[str, Any]] = []
+    for c in convs:
+        c.messages = system_messages(c.system)
+    live = list(convs)
+    for turn in range(1, max(c.depth for c in convs) + 1):
+        live = [c for c in live if c.depth >= turn]
+        # 1. the user's turn: given, or sampled by the target from the template up to a user turn
+        sampled = [c for c in live if turn > 1 or c.first_turn is None]
+        torch.manual_seed(stable_seed(s.seed, shard, turn, "user"))
+        users = generate(model, [user_turn_prefix(tok, c.messages) for c in sampled],
+                         Decoding(s.max_user_tokens, s.user_temperature, s.user_top_p), **batch)
+        texts = {id(c): (tok.decode(ids, skip_special_tokens=True).strip(), len(ids), done)
+                 for c, (ids, done) in zip(sampled, users, strict=True)}
+        kept = []
+        for c in live:
+            text, n, done = texts.get(id(c), (c.first_turn or "", 1, True))
+            problem = prompt_problem(text, n, done) if id(c) in texts else None
+            if problem is None and turn == 1:
+                dup = index.add_if_new(c.id, text)
+                problem = None if dup is None else ("suite_overlap" if dup[1].startswith("suite:") else f"duplicate_{dup[0]}")
+            if problem is None:
+                c.messages.append({"role": "user", "content": text})
+                if len(chat_prompt_ids(tok, c.messages)) > s.max_prompt_tokens:
+                    problem = "too_long"
+            if problem is not None:
+                rejected[f"user_turn_{turn}:{problem}"] += 1
+                continue
+            kept.append(c)
+        live = kept
+        if not live:
             break
-    return path
+        # 2. the answers: greedy (the conversation goes on from it) and, for some turns, a sample
+        prompts = [chat_prompt_ids(tok, c.messages) for c in live]
+        greedy = generate(model, prompts, Decoding(s.max_answer_tokens), **batch)
+        extra = [i for i in range(len(live)) if rng.random() < s.sample_fraction]
+        torch.manual_seed(stable_seed(s.seed, shard, turn, "answer"))
+        sampled_answers = generate(model, [prompts[i] for i in extra],
+                                   Decoding(s.max_answer_tokens, s.answer_temperature), **batch)
+        answers = [(i, "greedy", a) for i, a in enumerate(greedy)]
+        answers += [(i, "sample", a) for i, a in zip(extra, sampled_answers, strict=True)]
+        ended: set[int] = set()
+        asked = [list(c.messages) for c in live]  # the conversation each answer replies to
+        for i, mode, (ids, done) in answers:
+            c = live[i]
+            text = tok.decode(ids, skip_special_tokens=True)
+            problem = answer_problem(text, len(ids))
+            if problem is not None:
+                rejected[f"answer:{problem}"] += 1
+                if mode == "greedy":
+                    ended.add(i)
+                continue
+            records.append({
+                "id": f"{c.id}#t{turn}" + ("" if mode == "greedy" else "~s"), "conversation": c.id, "turn": turn,
+                "mode": mode, "split": split_of(c.id, s.eval_fraction), "kind": c.kind, "source": c.source,
+                "system": c.system, "messages": asked[i], "prompt": asked[i][-1]["content"],
+                "prompt_ids": prompts[i], "completion": text, "completion_ids": ids, "finished": done,
+            })
+            if mode == "greedy":
+                c.messages.append({"role": "assistant", "content": text.strip()})
+        live = [c for i, c in enumerate(live) if i not in ended]
+    return ShardResult(records, rejected)
+
+
+# ------------------------------------------------------------------------------------ the run
+def shard_paths(out: Path) -> list[Path]:
+    """The finished shards of a run, in order."""
+    return sorted((out / "shards").glob("shard-*.jsonl"))
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + f".tmp-{os.getpid()}")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def run_selfgen(target: str | TargetModel = "smollm2-135m", *, out_dir: str | Path,
+                settings: SelfgenSettings = SelfgenSettings(), overwrite: bool = False,
+                progress: bool = True) -> Path:
+    """Generate (or resume) the conversations; returns `out_dir`. See the module docstring."""
+    s = settings
+    out = prepare_output_dir(out_dir, overwrite, "out_dir")
+    (out / "shards").mkdir(exist_ok=True)
+    index = suite_index(s)
+    records: list[dict[str, Any]] = []
+    rejected: Counter[str] = Counter()
+    done = shard_paths(out)
+    for path in done:  # resume: the finished shards' first turns go back into the index, in order
+        recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        for r in recs:
+            if r["turn"] == 1 and r["mode"] == "greedy":
+                index.add(r["conversation"], r["prompt"])
+        records += recs
+        rejected.update(json.loads(path.with_suffix(".json").read_text())["rejected"])
+    tokens = sum(len(r["completion_ids"]) for r in records)
+    pools = fixed_pools(s.sources, s.seed)
+    target = load_target(target, device="cpu") if isinstance(target, str) else target
+    from tqdm import tqdm
+
+    bar = tqdm(total=s.token_budget, initial=min(tokens, s.token_budget), unit="tok", desc="selfgen",
+               disable=not progress, file=sys.stderr, mininterval=10)
+    t0 = time.time()
+    shard = len(done)
+    while tokens < s.token_budget and (s.max_minutes is None or time.time() - t0 < 60 * s.max_minutes):
+        t_shard = time.time()
+        result = write_shard(target, shard_conversations(shard, s, pools), index, s, shard)
+        n = sum(len(r["completion_ids"]) for r in result.records)
+        path = out / "shards" / f"shard-{shard:05d}.jsonl"
+        _atomic_write(path.with_suffix(".json"), json.dumps({
+            "shard": shard, "answers": len(result.records), "answer_tokens": n,
+            "seconds": round(time.time() - t_shard, 1), "rejected": dict(result.rejected)}))
+        _atomic_write(path, "".join(json.dumps(r) + "\n" for r in result.records))  # last: marks the shard done
+        records += result.records
+        rejected.update(result.rejected)
+        tokens += n
+        bar.update(min(n, s.token_budget - bar.n))
+        shard += 1
+        report = diversity_report(records, rejected)
+        _atomic_write(out / "report.json", json.dumps(report, indent=1))
+        _atomic_write(out / "report.md", report_markdown(report) + "\n")
+    bar.close()
+    return out
 
 
 # ------------------------------------------------------------------------------------ loading
+def _read_records(p: Path) -> list[dict]:
+    files = shard_paths(p) if p.is_dir() else [p]
+    return [json.loads(line) for f in files for line in f.read_text().splitlines() if line.strip()]
+
+
 def load_selfgen_records(split: str = "train", path: str | Path | None = None) -> list[dict]:
-    """The JSONL records of one split ("train" or "eval")."""
+    """The records of one split ("train" or "eval") of a selfgen.jsonl or of a run's `out_dir`."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}.")
     p = Path(path) if path is not None else SELFGEN_DIR / SELFGEN_FILE
-    if not p.is_file():
+    if not (p.is_file() or (p.is_dir() and shard_paths(p))):
         raise ValueError(
             f"self-distillation data {str(p)!r} does not exist; create it with "
-            "`specdraft-selfgen` (or pass the path of an existing selfgen.jsonl)."
+            "`specdraft-selfgen` (or pass a selfgen.jsonl or the out_dir of a specdraft-selfgen run)."
         )
-    recs = [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
-    return [r for r in recs if r["split"] == split]
+    return [r for r in _read_records(p) if r["split"] == split]
 
 
 def load_selfgen_texts(split: str = "train", path: str | Path | None = None) -> list[str]:
@@ -216,21 +394,28 @@ def load_selfgen_sequences(split: str = "train", path: str | Path | None = None)
     ]
 
 
+def settings_from(cfg: DictConfig) -> SelfgenSettings:
+    """The SelfgenSettings of a composed conf/selfgen.yaml."""
+    d = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(d, dict)
+    names = set(SelfgenSettings.__dataclass_fields__)
+    unknown = set(d) - names - {"target", "out_dir", "overwrite", "threads", "progress"}
+    if unknown:
+        raise ValueError(f"unknown selfgen setting(s) {sorted(unknown)}; see conf/selfgen.yaml.")
+    return SelfgenSettings(**{k: v for k, v in d.items() if k in names})
+
+
 @hydra_cli("selfgen")
 def main(cfg: DictConfig) -> None:
     """`specdraft-selfgen` / `python -m specdraft.train.selfgen` (Hydra, conf/selfgen.yaml):
-    generate the self-distillation data (resumable)."""
+    generate the self-distillation conversations (resumable with overwrite=true)."""
     torch.set_num_threads(int(cfg.threads))
-    overwrite = bool(cfg.overwrite)
-    prepare_output_dir(cfg.out_dir, overwrite, "out_dir")  # before the target loads (run_selfgen checks again)
-    if cfg.cache_dir is not None:
-        prepare_output_dir(cfg.cache_dir, overwrite, "cache_dir")
-    path = run_selfgen(
-        instantiate(cfg.target), out_dir=cfg.out_dir, cache_dir=cfg.cache_dir, num_prompts=int(cfg.num_prompts),
-        batch_size=int(cfg.batch_size), max_new_tokens=int(cfg.max_new_tokens), top_k=int(cfg.top_k),
-        seed=int(cfg.seed), max_minutes=cfg.max_minutes, kinds=tuple(cfg.kinds or ()), overwrite=overwrite,
-    )
-    print(f"[selfgen] wrote {path}", flush=True)
+    settings = settings_from(cfg)
+    prepare_output_dir(cfg.out_dir, bool(cfg.overwrite), "out_dir")  # before the target loads
+    out = run_selfgen(instantiate(cfg.target), out_dir=cfg.out_dir, settings=settings,
+                      overwrite=bool(cfg.overwrite), progress=bool(cfg.progress))
+    print(f"[selfgen] wrote {out}", flush=True)
+    print((out / "report.md").read_text() if (out / "report.md").is_file() else "", flush=True)
 
 
 if __name__ == "__main__":

@@ -502,7 +502,7 @@ def exclude_suite(prompts: Iterable[Prompt], suite_texts: Iterable[str]) -> list
 
 def suite_user_texts(name: str = "builtin") -> list[str]:
     """Every user message of a suite (what the selfgen data must not contain)."""
-    return [m.content for sp in load_suite(name) for m in sp.messages if m.role == "user"]
+    return [text for sp in load_suite(name) for text in sp.user_texts()]
 
 
 def extra_prompts_for(kinds: Iterable[str], seed: int = 0,

@@ -1,0 +1,227 @@
+"""The broad self-generated data: duplicates, filters, Magpie prefixes, batched generation and the
+sharded, resumable pipeline (with a scripted chat model standing in for the target's `generate`)."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from specdraft.models import load_tokenizer, tiny_random_target
+from specdraft.suites import chat_prompt_ids
+from specdraft.train import selfgen
+from specdraft.train.data_quality import (
+    diversity_report,
+    histogram,
+    prompt_problem,
+    repetition,
+)
+from specdraft.train.dedup import DuplicateIndex, jaccard, shingles
+from specdraft.train.magpie import system_messages, user_turn_prefix
+from specdraft.train.selfgen import (
+    Decoding,
+    SelfgenSettings,
+    load_selfgen_records,
+    run_selfgen,
+    settings_from,
+    shard_conversations,
+)
+
+WORDS = [f"w{i}" for i in range(400)]
+
+
+def test_duplicate_index_finds_exact_and_near_copies_and_never_a_false_one() -> None:
+    rng = random.Random(0)
+    index = DuplicateIndex(threshold=0.7)
+    base = " ".join(rng.choice(WORDS) for _ in range(30))
+    assert index.add_if_new("a", base) is None
+    assert index.find(base.upper() + " !") == ("exact", "a")  # case and punctuation do not count
+    near = base.split()
+    near[15] = "changed"  # one word of 30: Jaccard of 3-gram sets 25/31 ~ 0.81
+    assert index.find(" ".join(near)) == ("near", "a")
+    texts = {f"t{i}": " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 40))) for i in range(300)}
+    for key, text in texts.items():
+        dup = index.add_if_new(key, text)
+        if dup is not None and dup[0] == "near":  # every reported near copy is one (no false positives)
+            assert jaccard(shingles(text), shingles(texts.get(dup[1], base))) >= 0.7
+    # brute force: with random texts nothing is similar, so everything was kept
+    assert len(index) == 301
+
+
+def test_duplicate_index_rejects_bad_settings() -> None:
+    with pytest.raises(ValueError, match="threshold"):
+        DuplicateIndex(threshold=0)
+
+
+def test_filters_name_their_reason() -> None:
+    assert repetition("a b c a b c a b c a b c") > 0.5 and repetition("one two three four five") == 0
+    assert prompt_problem("How do I bake bread at home?", 9, True) is None
+    assert prompt_problem("How do I bake", 4, False) == "unfinished"
+    assert prompt_problem("Hi", 1, True) == "too_short"
+    assert prompt_problem("I'm sorry, but I cannot help with that request.", 12, True) == "refusal"
+    assert prompt_problem("Sure! Here is a plan for your trip to Spain.", 12, True) == "not_a_request"
+    assert prompt_problem("tell me more " * 10, 30, True) == "repetitive"
+    assert histogram([0, 7, 8, 5000]) == {"0-7": 2, "8-15": 1, ">=4096": 1}
+
+
+@pytest.mark.slow  # loads the default target's tokenizer (GGUF), ~10 s
+def test_magpie_prefix_ends_where_the_user_text_begins() -> None:
+    tok = load_tokenizer("smollm2-135m")
+    history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there."},
+               {"role": "assistant", "content": "Hello!"}]
+    prefix = user_turn_prefix(tok, history)
+    full = chat_prompt_ids(tok, [*history, {"role": "user", "content": "What time is it?"}])
+    assert full[: len(prefix)] == prefix  # the user's text is what the target samples after the prefix
+    assert tok.decode(prefix).endswith("<|im_start|>user\n")
+    assert tok.decode(user_turn_prefix(tok)).count("<|im_start|>") == 2  # the template's default system turn
+
+
+def test_generate_cuts_at_the_stop_token_and_keeps_the_order() -> None:
+    target = tiny_random_target(vocab_size=64, seed=0, hidden_size=16, num_layers=1)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9, 10]]
+    free = selfgen.generate(target.model, prompts, Decoding(6), [], 0, batch_size=2, batch_tokens=100)
+    for p, (ids, done) in zip(prompts, free, strict=True):  # each row as if generated alone (left padding)
+        with torch.inference_mode():
+            alone = target.model.generate(torch.tensor([p]), max_new_tokens=6, do_sample=False, pad_token_id=0)
+        assert ids == alone[0, len(p):].tolist() and not done
+    stop = free[0][0][2]
+    cut = selfgen.generate(target.model, prompts[:1], Decoding(6), [stop], 0, batch_size=2, batch_tokens=100)
+    assert cut[0] == (free[0][0][: free[0][0].index(stop) + 1], True)
+
+
+# ------------------------------------------------------------------------------ the pipeline
+ASK = "<|im_start|>user\n"
+
+
+@dataclass
+class ScriptedChat:
+    """Stands in for the target's `generate`: a user turn (after the template's user prefix) is one of a
+    few requests chosen with torch's RNG (so exact and near duplicates occur, as with a real model),
+    an answer repeats the request's topic; every row ends with the stop token."""
+
+    tokenizer: Any
+    topics: int = 30
+
+    def generate(self, ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int, do_sample: bool,
+                 eos_token_id: list[int], pad_token_id: int, **_: Any) -> torch.Tensor:
+        rows = []
+        for row, mask in zip(ids, attention_mask, strict=True):
+            text = self.tokenizer.decode(row[mask.bool()].tolist())
+            if text.endswith(ASK):
+                n = int(torch.randint(self.topics, ()))
+                out = f"Could you explain topic {n} to me with an example about item {n} please?"
+                if n % 3 == 0:  # a near copy of another topic's request, one word changed
+                    out = f"Could you explain topic {n + 1} to me with an example about item {n + 1} please, friend?"
+            else:
+                last = text.rsplit("topic ", 1)[-1].split()[0] if "topic " in text else "x"
+                extra = f" variant {int(torch.randint(1000, ()))}" if do_sample else ""
+                out = f"Topic {last} is explained here in a few plain words, with one example{extra}."
+            new = self.tokenizer.encode(out, add_special_tokens=False)[: max_new_tokens - 1] + [eos_token_id[0]]
+            rows.append(row.tolist() + new + [pad_token_id] * (max_new_tokens - len(new)))
+        return torch.tensor(rows)
+
+
+@dataclass
+class ScriptedTarget:
+    model: ScriptedChat
+    tokenizer: Any
+    eos_token_ids: list[int]
+
+
+@pytest.fixture(scope="module")
+def scripted() -> ScriptedTarget:
+    tok = load_tokenizer("smollm2-135m")
+    return ScriptedTarget(ScriptedChat(tok), tok, [int(tok.convert_tokens_to_ids("<|im_end|>"))])
+
+
+SMALL = SelfgenSettings(token_budget=400, shard_size=8, sources={"magpie": 1.0}, turn_weights=(0.4, 0.6),
+                        sample_fraction=0.5, eval_fraction=0.5, max_answer_tokens=32)
+
+
+@pytest.mark.slow  # loads the default target's tokenizer (GGUF), ~10 s
+def test_selfgen_writes_deduplicated_conversations_split_by_conversation(scripted: ScriptedTarget, tmp_path: Path) -> None:
+    out = run_selfgen(scripted, out_dir=tmp_path / "a", settings=SMALL, progress=False)  # type: ignore[arg-type]
+    records = load_selfgen_records("train", out) + load_selfgen_records("eval", out)
+    report = json.loads((out / "report.json").read_text())
+    firsts = [r for r in records if r["turn"] == 1 and r["mode"] == "greedy"]
+    # prompts come from the template alone: the user's text follows the template's user prefix
+    tok = scripted.tokenizer
+    for r in firsts:
+        prefix = user_turn_prefix(tok, system_messages(r["system"]))  # a varied system prompt, then the user
+        assert r["source"] == "magpie" and r["prompt_ids"][: len(prefix)] == prefix
+        assert r["prompt_ids"] == chat_prompt_ids(tok, r["messages"])
+    # the scripted model repeats itself; no two kept first turns are duplicates of each other
+    index = DuplicateIndex()
+    assert all(index.add_if_new(r["id"], r["prompt"]) is None for r in firsts)
+    assert report["rejected"].get("user_turn_1:duplicate_exact", 0) > 0
+    assert report["rejected"].get("user_turn_1:duplicate_near", 0) > 0
+    # later turns and samples continue the greedy answer of their own conversation, in its split
+    by_conv: dict[str, set[str]] = {}
+    for r in records:
+        by_conv.setdefault(r["conversation"], set()).add(r["split"])
+        if r["turn"] > 1:
+            assert r["messages"][-2]["role"] == "assistant" and r["messages"][-3]["role"] == "user"
+    assert all(len(s) == 1 for s in by_conv.values()) and {r["split"] for r in records} == {"train", "eval"}
+    assert {r["mode"] for r in records} == {"greedy", "sample"} and max(r["turn"] for r in records) == 2
+    assert len({r["system"] for r in firsts}) > 1
+    assert report["answer_tokens"] == sum(len(r["completion_ids"]) for r in records) >= SMALL.token_budget
+
+
+@pytest.mark.slow  # loads the default target's tokenizer (GGUF), ~10 s
+def test_a_resumed_selfgen_appends_what_one_run_writes(scripted: ScriptedTarget, tmp_path: Path) -> None:
+    whole = run_selfgen(scripted, out_dir=tmp_path / "whole", settings=SMALL, progress=False)  # type: ignore[arg-type]
+    first = SelfgenSettings(**{**SMALL.__dict__, "token_budget": 1})  # stops after one shard
+    part = run_selfgen(scripted, out_dir=tmp_path / "part", settings=first, progress=False)  # type: ignore[arg-type]
+    assert len(selfgen.shard_paths(part)) == 1
+    with pytest.raises(FileExistsError, match="overwrite=true"):
+        run_selfgen(scripted, out_dir=part, settings=SMALL, progress=False)  # type: ignore[arg-type]
+    run_selfgen(scripted, out_dir=part, settings=SMALL, overwrite=True, progress=False)  # type: ignore[arg-type]
+    read = [[json.loads(x) for x in p.read_text().splitlines()] for p in selfgen.shard_paths(part)]
+    assert read == [[json.loads(x) for x in p.read_text().splitlines()] for p in selfgen.shard_paths(whole)]
+    ids = [r["id"] for shard in read for r in shard]
+    assert len(ids) == len(set(ids))  # nothing repeated
+    assert json.loads((part / "report.json").read_text()) == json.loads((whole / "report.json").read_text())
+
+
+def test_fixed_sources_are_sliced_per_shard_and_fall_back_to_magpie() -> None:
+    s = SelfgenSettings(shard_size=10, sources={"magpie": 0.5, "corpus": 0.5})
+    pools = {"corpus": [(f"c{i}", "summarise", f"text {i}") for i in range(7)]}
+    shards = [shard_conversations(i, s, pools) for i in range(3)]
+    corpus = [c.id for sh in shards for c in sh if c.source == "corpus"]
+    assert sorted(corpus, key=lambda k: int(k[1:])) == [f"c{i}" for i in range(7)]  # each item once
+    assert {c.id for c in shards[0] if c.source == "corpus"} == {f"c{i}" for i in range(5)}  # in pool order
+    assert all(len(sh) == 10 for sh in shards)
+    assert [c.id for c in shard_conversations(1, s, pools)] == [c.id for c in shards[1]]  # no state carried
+
+
+def test_selfgen_yaml_repeats_the_settings_defaults() -> None:
+    cfg = OmegaConf.load(Path(__file__).parents[1] / "conf" / "selfgen.yaml")
+    for key in ("defaults", "out_dir"):  # the target group; a Hydra run-directory interpolation
+        del cfg[key]
+    defaults = SelfgenSettings()
+    assert settings_from(cfg) == SelfgenSettings(**{**defaults.__dict__, "sources": dict(cfg.sources),
+                                                     "turn_weights": list(cfg.turn_weights)})
+    assert dict(cfg.sources) == dict(defaults.sources) and list(cfg.turn_weights) == list(defaults.turn_weights)
+    cfg.bogus = 1
+    with pytest.raises(ValueError, match="bogus"):
+        settings_from(cfg)
+    with pytest.raises(ValueError, match="sources"):
+        SelfgenSettings(sources={"web": 1.0})
+
+
+def test_diversity_report_counts_prompts_and_rejections() -> None:
+    recs = [{"conversation": "c1", "turn": 1, "mode": "greedy", "kind": "magpie", "source": "magpie",
+             "split": "train", "prompt": "How do I start running?", "prompt_ids": [1] * 20,
+             "completion_ids": [2] * 40},
+            {"conversation": "c1", "turn": 1, "mode": "sample", "kind": "magpie", "source": "magpie",
+             "split": "train", "prompt": "How do I start running?", "prompt_ids": [1] * 20,
+             "completion_ids": [2] * 30}]
+    rep = diversity_report(recs, {"user_turn_1:unfinished": 3})
+    assert rep["distinct_prompts"] == 1 and rep["answers"] == 2 and rep["answer_tokens"] == 70
+    assert rep["answers_by_mode"] == {"greedy": 1, "sample": 1} and rep["rejected"] == {"user_turn_1:unfinished": 3}
