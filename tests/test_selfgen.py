@@ -30,6 +30,7 @@ from specdraft.train.selfgen import (
     load_selfgen_records,
     run_selfgen,
     settings_from,
+    Writer,
     shard_conversations,
 )
 
@@ -82,17 +83,13 @@ def test_magpie_prefix_ends_where_the_user_text_begins() -> None:
     assert tok.decode(user_turn_prefix(tok)).count("<|im_start|>") == 2  # the template's default system turn
 
 
-def test_generate_cuts_at_the_stop_token_and_keeps_the_order() -> None:
+def test_batched_generate_keeps_the_order_and_splits_by_the_token_budget() -> None:
     target = tiny_random_target(vocab_size=64, seed=0, hidden_size=16, num_layers=1)
-    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9, 10]]
-    free = selfgen.generate(target.model, prompts, Decoding(6), [], 0, batch_size=2, batch_tokens=100)
-    for p, (ids, done) in zip(prompts, free, strict=True):  # each row as if generated alone (left padding)
-        with torch.inference_mode():
-            alone = target.model.generate(torch.tensor([p]), max_new_tokens=6, do_sample=False, pad_token_id=0)
-        assert ids == alone[0, len(p):].tolist() and not done
-    stop = free[0][0][2]
-    cut = selfgen.generate(target.model, prompts[:1], Decoding(6), [stop], 0, batch_size=2, batch_tokens=100)
-    assert cut[0] == (free[0][0][: free[0][0].index(stop) + 1], True)
+    prompts = [[1, 2, 3, 4, 5], [4, 5], [6, 7, 8]]
+    together = selfgen.batched(target, batch_size=8, batch_tokens=1000)(prompts, Decoding(6), 0)
+    one_by_one = selfgen.batched(target, batch_size=1, batch_tokens=1000)(prompts, Decoding(6), 0)
+    tight = selfgen.batched(target, batch_size=8, batch_tokens=20)(prompts, Decoding(6), 0)  # 2 rows of <= 10
+    assert together == one_by_one == tight and all(len(ids) == 6 and not done for ids, done in together)
 
 
 # ------------------------------------------------------------------------------ the pipeline
@@ -101,43 +98,38 @@ ASK = "<|im_start|>user\n"
 
 @dataclass
 class ScriptedChat:
-    """Stands in for the target's `generate`: a user turn (after the template's user prefix) is one of a
-    few requests chosen with torch's RNG (so exact and near duplicates occur, as with a real model),
+    """Stands in for the target: a user turn (after the template's user prefix) is one of a few
+    requests chosen with the call's seed (so exact and near duplicates occur, as with a real model),
     an answer repeats the request's topic; every row ends with the stop token."""
 
     tokenizer: Any
+    stop: int
     topics: int = 30
 
-    def generate(self, ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int, do_sample: bool,
-                 eos_token_id: list[int], pad_token_id: int, **_: Any) -> torch.Tensor:
+    def generate(self, prompts: Any, decoding: Decoding, seed: int) -> list[tuple[list[int], bool]]:
+        gen = torch.Generator().manual_seed(seed)
         rows = []
-        for row, mask in zip(ids, attention_mask, strict=True):
-            text = self.tokenizer.decode(row[mask.bool()].tolist())
+        for row in prompts:
+            text = self.tokenizer.decode(list(row))
             if text.endswith(ASK):
-                n = int(torch.randint(self.topics, ()))
+                n = int(torch.randint(self.topics, (), generator=gen))
                 out = f"Could you explain topic {n} to me with an example about item {n} please?"
                 if n % 3 == 0:  # a near copy of another topic's request, one word changed
                     out = f"Could you explain topic {n + 1} to me with an example about item {n + 1} please, friend?"
             else:
                 last = text.rsplit("topic ", 1)[-1].split()[0] if "topic " in text else "x"
-                extra = f" variant {int(torch.randint(1000, ()))}" if do_sample else ""
+                extra = f" variant {int(torch.randint(1000, (), generator=gen))}" if decoding.temperature > 0 else ""
                 out = f"Topic {last} is explained here in a few plain words, with one example{extra}."
-            new = self.tokenizer.encode(out, add_special_tokens=False)[: max_new_tokens - 1] + [eos_token_id[0]]
-            rows.append(row.tolist() + new + [pad_token_id] * (max_new_tokens - len(new)))
-        return torch.tensor(rows)
-
-
-@dataclass
-class ScriptedTarget:
-    model: ScriptedChat
-    tokenizer: Any
-    eos_token_ids: list[int]
+            ids = self.tokenizer.encode(out, add_special_tokens=False)[: decoding.max_new_tokens - 1] + [self.stop]
+            rows.append((ids, True))
+        return rows
 
 
 @pytest.fixture(scope="module")
-def scripted() -> ScriptedTarget:
+def scripted() -> Writer:
     tok = load_tokenizer("smollm2-135m")
-    return ScriptedTarget(ScriptedChat(tok), tok, [int(tok.convert_tokens_to_ids("<|im_end|>"))])
+    stop = int(tok.convert_tokens_to_ids("<|im_end|>"))
+    return Writer(tok, [stop], ScriptedChat(tok, stop).generate)
 
 
 SMALL = SelfgenSettings(token_budget=400, shard_size=8, sources={"magpie": 1.0}, turn_weights=(0.4, 0.6),
@@ -145,8 +137,8 @@ SMALL = SelfgenSettings(token_budget=400, shard_size=8, sources={"magpie": 1.0},
 
 
 @pytest.mark.slow  # loads the default target's tokenizer (GGUF), ~10 s
-def test_selfgen_writes_deduplicated_conversations_split_by_conversation(scripted: ScriptedTarget, tmp_path: Path) -> None:
-    out = run_selfgen(scripted, out_dir=tmp_path / "a", settings=SMALL, progress=False)  # type: ignore[arg-type]
+def test_selfgen_writes_deduplicated_conversations_split_by_conversation(scripted: Writer, tmp_path: Path) -> None:
+    out = run_selfgen(writer=scripted, out_dir=tmp_path / "a", settings=SMALL, progress=False)
     records = load_selfgen_records("train", out) + load_selfgen_records("eval", out)
     report = json.loads((out / "report.json").read_text())
     firsts = [r for r in records if r["turn"] == 1 and r["mode"] == "greedy"]
@@ -174,14 +166,14 @@ def test_selfgen_writes_deduplicated_conversations_split_by_conversation(scripte
 
 
 @pytest.mark.slow  # loads the default target's tokenizer (GGUF), ~10 s
-def test_a_resumed_selfgen_appends_what_one_run_writes(scripted: ScriptedTarget, tmp_path: Path) -> None:
-    whole = run_selfgen(scripted, out_dir=tmp_path / "whole", settings=SMALL, progress=False)  # type: ignore[arg-type]
+def test_a_resumed_selfgen_appends_what_one_run_writes(scripted: Writer, tmp_path: Path) -> None:
+    whole = run_selfgen(writer=scripted, out_dir=tmp_path / "whole", settings=SMALL, progress=False)
     first = SelfgenSettings(**{**SMALL.__dict__, "token_budget": 1})  # stops after one shard
-    part = run_selfgen(scripted, out_dir=tmp_path / "part", settings=first, progress=False)  # type: ignore[arg-type]
+    part = run_selfgen(writer=scripted, out_dir=tmp_path / "part", settings=first, progress=False)
     assert len(selfgen.shard_paths(part)) == 1
     with pytest.raises(FileExistsError, match="overwrite=true"):
-        run_selfgen(scripted, out_dir=part, settings=SMALL, progress=False)  # type: ignore[arg-type]
-    run_selfgen(scripted, out_dir=part, settings=SMALL, overwrite=True, progress=False)  # type: ignore[arg-type]
+        run_selfgen(writer=scripted, out_dir=part, settings=SMALL, progress=False)
+    run_selfgen(writer=scripted, out_dir=part, settings=SMALL, overwrite=True, progress=False)
     read = [[json.loads(x) for x in p.read_text().splitlines()] for p in selfgen.shard_paths(part)]
     assert read == [[json.loads(x) for x in p.read_text().splitlines()] for p in selfgen.shard_paths(whole)]
     ids = [r["id"] for shard in read for r in shard]

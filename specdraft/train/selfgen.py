@@ -22,7 +22,8 @@ Output (`out_dir`): `shards/shard-NNNNN.jsonl` (one record per answer: {"id", "c
 atomically per shard; `report.json` / `report.md`, the diversity report. A run stops at the shard
 that reaches `token_budget` answer tokens (or `max_minutes`); rerun with `overwrite=true` to resume:
 finished shards are kept and their prompts stay in the duplicate index, so a resumed run writes what
-one uninterrupted run writes. Generation is batched (Hugging Face `generate`, left padding).
+one uninterrupted run writes. Generation is batched (`specdraft.batch_decode`: left padded, on the
+target's fast stack).
 
     specdraft-selfgen token_budget=2000000 out_dir=outputs/selfgen_broad     (conf/selfgen.yaml)
 """
@@ -36,7 +37,7 @@ import random
 import sys
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,8 +47,10 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
+from specdraft.batch_decode import decode_batch
 from specdraft.console import hydra_cli
 from specdraft.models import load_target, load_tokenizer
+from specdraft.sampling import SamplingConfig
 from specdraft.shipped import ARTIFACTS_DIR
 from specdraft.suites import BUILTIN_SUITES, chat_prompt_ids, load_suite
 from specdraft.target import TargetModel
@@ -79,40 +82,40 @@ class Decoding:
     top_p: float = 1.0
 
 
-def generate(model: torch.nn.Module, prompts: Sequence[Sequence[int]], decoding: Decoding, stop_ids: Sequence[int],
-             pad_id: int, batch_size: int, batch_tokens: int) -> list[tuple[list[int], bool]]:
-    """Continuations of `prompts` (token ids each), in order: (ids up to and including the first stop
-    id, whether it stopped). Rows run shortest first in batches of at most `batch_size` rows and
-    `batch_tokens` padded positions (prompt + new tokens), left padded."""
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    out: list[tuple[list[int], bool]] = [([], False)] * len(prompts)
-    stops = set(stop_ids)
-    start = 0
-    while start < len(order):
-        end = start + 1
-        while (end < len(order) and end - start < batch_size
-               and (end - start + 1) * (len(prompts[order[end]]) + decoding.max_new_tokens) <= batch_tokens):
-            end += 1
-        rows = [prompts[i] for i in order[start:end]]
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # [B, T] left padded
-        mask = torch.zeros_like(ids)
-        for j, r in enumerate(rows):
-            ids[j, width - len(r):] = torch.tensor(list(r), dtype=torch.long)
-            mask[j, width - len(r):] = 1
-        sample = decoding.temperature > 0
-        with torch.inference_mode():
-            gen: Tensor = model.generate(  # type: ignore[operator]
-                ids, attention_mask=mask, max_new_tokens=decoding.max_new_tokens, do_sample=sample,
-                temperature=decoding.temperature if sample else None, top_p=decoding.top_p if sample else None,
-                top_k=0 if sample else None, eos_token_id=list(stops), pad_token_id=pad_id,
-            )[:, width:]  # [B, N]
-        for j, i in enumerate(order[start:end]):
-            toks = gen[j].tolist()
-            cut = next((k + 1 for k, t in enumerate(toks) if t in stops), None)
-            out[i] = (toks[:cut], True) if cut is not None else (toks, False)
-        start = end
-    return out
+Generate = Callable[[Sequence[Sequence[int]], Decoding, int], list[tuple[list[int], bool]]]
+
+
+@dataclass(frozen=True)
+class Writer:
+    """What writes the text: the tokenizer, the end-of-turn ids and a batched `generate(prompts,
+    decoding, seed)` -> per prompt (new ids up to and including the first stop id, whether it stopped)."""
+
+    tokenizer: Any
+    stop_ids: Sequence[int]
+    generate: Generate
+
+
+def batched(target: TargetModel, batch_size: int, batch_tokens: int) -> Generate:
+    """`generate` on the target: rows shortest first, in batches of at most `batch_size` rows and
+    `batch_tokens` padded positions (prompt + new tokens), through `specdraft.batch_decode`."""
+    def generate(prompts: Sequence[Sequence[int]], decoding: Decoding, seed: int) -> list[tuple[list[int], bool]]:
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        out: list[tuple[list[int], bool]] = [([], False)] * len(prompts)
+        start = 0
+        while start < len(order):
+            end = start + 1
+            while (end < len(order) and end - start < batch_size
+                   and (end - start + 1) * (len(prompts[order[end]]) + decoding.max_new_tokens) <= batch_tokens):
+                end += 1
+            sampling = SamplingConfig(temperature=decoding.temperature, top_p=decoding.top_p, seed=seed + start)
+            rows = decode_batch(target, [prompts[i] for i in order[start:end]], decoding.max_new_tokens, sampling,
+                                target.eos_token_ids)
+            for i, row in zip(order[start:end], rows, strict=True):
+                out[i] = row
+            start = end
+        return out
+
+    return generate
 
 
 # ------------------------------------------------------------------------------------ conversations
@@ -229,13 +232,11 @@ class ShardResult:
     rejected: Counter[str]
 
 
-def write_shard(target: TargetModel, convs: list[Conversation], index: DuplicateIndex, s: SelfgenSettings,
+def write_shard(writer: Writer, convs: list[Conversation], index: DuplicateIndex, s: SelfgenSettings,
                 shard: int) -> ShardResult:
     """Write every conversation of one shard turn by turn, batched across conversations."""
-    tok = target.tokenizer
-    model, stops, pad = target.model, list(target.eos_token_ids), int(tok.pad_token_id)
+    tok, generate = writer.tokenizer, writer.generate
     rng = random.Random(f"{s.seed}/{shard}/answers")
-    batch = {"stop_ids": stops, "pad_id": pad, "batch_size": s.batch_size, "batch_tokens": s.batch_tokens}
     rejected: Counter[str] = Counter()
     records: list[dict[str, Any]] = []
     for c in convs:
@@ -245,9 +246,9 @@ def write_shard(target: TargetModel, convs: list[Conversation], index: Duplicate
         live = [c for c in live if c.depth >= turn]
         # 1. the user's turn: given, or sampled by the target from the template up to a user turn
         sampled = [c for c in live if turn > 1 or c.first_turn is None]
-        torch.manual_seed(stable_seed(s.seed, shard, turn, "user"))
-        users = generate(model, [user_turn_prefix(tok, c.messages) for c in sampled],
-                         Decoding(s.max_user_tokens, s.user_temperature, s.user_top_p), **batch)
+        users = generate([user_turn_prefix(tok, c.messages) for c in sampled],
+                         Decoding(s.max_user_tokens, s.user_temperature, s.user_top_p),
+                         stable_seed(s.seed, shard, turn, "user"))
         texts = {id(c): (tok.decode(ids, skip_special_tokens=True).strip(), len(ids), done)
                  for c, (ids, done) in zip(sampled, users, strict=True)}
         kept = []
@@ -270,11 +271,10 @@ def write_shard(target: TargetModel, convs: list[Conversation], index: Duplicate
             break
         # 2. the answers: greedy (the conversation goes on from it) and, for some turns, a sample
         prompts = [chat_prompt_ids(tok, c.messages) for c in live]
-        greedy = generate(model, prompts, Decoding(s.max_answer_tokens), **batch)
+        greedy = generate(prompts, Decoding(s.max_answer_tokens), 0)
         extra = [i for i in range(len(live)) if rng.random() < s.sample_fraction]
-        torch.manual_seed(stable_seed(s.seed, shard, turn, "answer"))
-        sampled_answers = generate(model, [prompts[i] for i in extra],
-                                   Decoding(s.max_answer_tokens, s.answer_temperature), **batch)
+        sampled_answers = generate([prompts[i] for i in extra], Decoding(s.max_answer_tokens, s.answer_temperature),
+                                   stable_seed(s.seed, shard, turn, "answer"))
         answers = [(i, "greedy", a) for i, a in enumerate(greedy)]
         answers += [(i, "sample", a) for i, a in zip(extra, sampled_answers, strict=True)]
         ended: set[int] = set()
@@ -314,8 +314,9 @@ def _atomic_write(path: Path, text: str) -> None:
 
 def run_selfgen(target: str | TargetModel = "smollm2-135m", *, out_dir: str | Path,
                 settings: SelfgenSettings = SelfgenSettings(), overwrite: bool = False,
-                progress: bool = True) -> Path:
-    """Generate (or resume) the conversations; returns `out_dir`. See the module docstring."""
+                progress: bool = True, writer: Writer | None = None) -> Path:
+    """Generate (or resume) the conversations; returns `out_dir`. See the module docstring.
+    writer: what writes the text (default: the target, batched; tests pass a scripted one)."""
     s = settings
     out = prepare_output_dir(out_dir, overwrite, "out_dir")
     (out / "shards").mkdir(exist_ok=True)
@@ -332,7 +333,9 @@ def run_selfgen(target: str | TargetModel = "smollm2-135m", *, out_dir: str | Pa
         rejected.update(json.loads(path.with_suffix(".json").read_text())["rejected"])
     tokens = sum(len(r["completion_ids"]) for r in records)
     pools = fixed_pools(s.sources, s.seed)
-    target = load_target(target, device="cpu") if isinstance(target, str) else target
+    if writer is None:
+        target = load_target(target, device="cpu") if isinstance(target, str) else target
+        writer = Writer(target.tokenizer, target.eos_token_ids, batched(target, s.batch_size, s.batch_tokens))
     from tqdm import tqdm
 
     bar = tqdm(total=s.token_budget, initial=min(tokens, s.token_budget), unit="tok", desc="selfgen",
@@ -341,7 +344,7 @@ def run_selfgen(target: str | TargetModel = "smollm2-135m", *, out_dir: str | Pa
     shard = len(done)
     while tokens < s.token_budget and (s.max_minutes is None or time.time() - t0 < 60 * s.max_minutes):
         t_shard = time.time()
-        result = write_shard(target, shard_conversations(shard, s, pools), index, s, shard)
+        result = write_shard(writer, shard_conversations(shard, s, pools), index, s, shard)
         n = sum(len(r["completion_ids"]) for r in result.records)
         path = out / "shards" / f"shard-{shard:05d}.jsonl"
         _atomic_write(path.with_suffix(".json"), json.dumps({
