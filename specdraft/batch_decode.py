@@ -4,7 +4,8 @@ One forward per step for the whole batch amortises the weights over its rows: a 
 streams every weight whatever the batch, so B rows cost far less than B steps. Prompts of different
 lengths are left padded; the padding is masked out of every attention and each row's positions
 count its own tokens only, so a row decodes as it would alone (up to float rounding in a batched
-product). Finished rows stay in the batch until the last one stops (they emit padding). The target
+product). Finished rows leave the batch (`TargetModel.keep_rows`) once a quarter of it has
+finished, so stragglers do not make the whole batch pay for their length. The target
 runs on its fast stack when it has one (the same path as speculative decoding), else on Hugging
 Face's. This is the self-distillation data's generator (`specdraft.train.selfgen`).
 """
@@ -56,26 +57,31 @@ def decode_batch(target: TargetModel, prompts: Sequence[Sequence[int]], max_new_
     positions = (valid.long().cumsum(-1) - 1).clamp(min=0)  # [B, W]: each row counts its own tokens
     gen = sampling.make_generator("cpu")
     stops = torch.tensor(sorted(set(stop_ids)), dtype=torch.long)
-    done = torch.zeros(batch, dtype=torch.bool)  # [B]
     out = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long)  # [B, N]
+    rows = torch.arange(batch)  # [b]: the prompts still in the batch, in cache row order
+    done = torch.zeros(batch, dtype=torch.bool)  # [b]
     target.reset()
     try:
         logits = target.forward(ids.to(target.device), num_logits=1,
                                 attention_mask=padding_mask(valid, width, torch.float32).to(target.device),
-                                position_ids=positions.to(target.device)).logits  # [B, 1, V]
-        last = positions[:, -1:]  # [B, 1]
+                                position_ids=positions.to(target.device)).logits  # [b, 1, V]
+        last = positions[:, -1:]  # [b, 1]
         for step in range(max_new_tokens):
-            token = draw(warp(logits[:, -1], sampling), sampling, gen).cpu()  # [B]
+            token = draw(warp(logits[:, -1], sampling), sampling, gen).cpu()  # [b]
             token = torch.where(done, torch.full_like(token, pad_id), token)
-            out[:, step] = token
+            out[rows, step] = token
             done |= torch.isin(token, stops)
             if bool(done.all()) or step == max_new_tokens - 1:
                 break
-            valid = torch.cat([valid, torch.ones((batch, 1), dtype=torch.bool)], dim=1)  # [B, W + step + 1]
+            valid = torch.cat([valid, torch.ones((len(rows), 1), dtype=torch.bool)], dim=1)  # [b, W + step + 1]
+            if 4 * int(done.sum()) >= len(rows):  # a quarter finished: they leave the batch
+                keep = (~done).nonzero().squeeze(1)  # [b']
+                target.keep_rows(keep.tolist())
+                rows, done, valid, last, token = rows[keep], done[keep], valid[keep], last[keep], token[keep]
             last = last + 1
             logits = target.forward(token[:, None].to(target.device), num_logits=1,
                                     attention_mask=padding_mask(valid, 1, torch.float32).to(target.device),
-                                    position_ids=last.to(target.device)).logits  # [B, 1, V]
+                                    position_ids=last.to(target.device)).logits  # [b, 1, V]
     finally:
         target.reset()  # the next user of the target starts from an empty batch-1 cache
     results = []

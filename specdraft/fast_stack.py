@@ -176,6 +176,14 @@ class KVBuffer:
                     store[i][:, :, start : len(keep)] = store[i].index_select(2, idx)
             self.lengths[i] = len(keep)
 
+    def keep_rows(self, rows: Tensor) -> None:
+        """Keep only batch rows `rows` [b] (long), in this order: sequences that finished leave."""
+        for store in (self.keys, self.values):
+            for i, old in enumerate(store):
+                store[i] = old.index_select(0, rows)
+        self.batch = int(rows.numel())
+        self.version += 1
+
     def tensors(self) -> list[tuple[Tensor, Tensor]]:
         """(keys, values) [B, kv_heads, length, D] of every layer (views)."""
         return [(k[:, :, :n], v[:, :, :n]) for k, v, n in zip(self.keys, self.values, self.lengths)]
@@ -266,6 +274,12 @@ class FastStack:
     def keep_positions(self, positions: Sequence[int]) -> None:
         assert self.kv is not None
         self.kv.keep_positions(positions)
+
+    def keep_rows(self, rows: Tensor) -> None:
+        if self._cache_owner is not None:
+            raise ValueError("a stack that shares another's KV cache cannot drop its rows; its owner does.")
+        assert self.kv is not None
+        self.kv.keep_rows(rows)
 
     def layer_tensors(self) -> list[tuple[Tensor, Tensor]]:
         return [] if self.kv is None else self.kv.tensors()

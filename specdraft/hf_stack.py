@@ -45,6 +45,12 @@ class HFStack:
             layer.keys = layer.keys.index_select(-2, idx)
             layer.values = layer.values.index_select(-2, idx)
 
+    def keep_rows(self, rows: Tensor) -> None:
+        assert self.cache is not None
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.index_select(0, rows.to(layer.keys.device))
+            layer.values = layer.values.index_select(0, rows.to(layer.values.device))
+
     def layer_tensors(self) -> list[tuple[Tensor, Tensor]]:
         """(keys, values) [B, kv_heads, length, D] of every layer."""
         return [] if self.cache is None else [(layer.keys, layer.values) for layer in self.cache.layers]

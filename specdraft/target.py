@@ -177,6 +177,12 @@ class TargetModel:
             raise ValueError(f"cache positions must be in [0, {current}), got {list(positions)}.")
         self._stack.keep_positions(positions)
 
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        """Keep only these batch rows of the KV cache, in this order (finished sequences leave the
+        batch, so the next forwards cost nothing for them)."""
+        self.discard_prefix()
+        self._stack.keep_rows(torch.as_tensor(list(rows), dtype=torch.long))
+
     def with_weights(self, weights: WeightFormat, head: bool = False) -> TargetModel:
         """This target's model with its projections stored in `weights`, reading and writing THIS
         target's KV cache (fast stack only): a quantized copy that drafts on the target's own cache,

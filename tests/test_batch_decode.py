@@ -33,12 +33,13 @@ def test_every_row_of_a_batch_equals_its_own_greedy_decoding(fast: bool) -> None
     assert target.cache_length == 0  # the target is left empty for its next user
 
 
-def test_rows_stop_on_their_own_stop_token_and_sampling_is_seeded() -> None:
-    target = tiny_random_target(vocab_size=96, seed=3, hidden_size=32, num_layers=2)
-    prompts = [[5, 9, 17], [8, 2, 1, 1]]
-    free = decode_batch(target, prompts, 8, GREEDY, [])
-    stop = free[0][0][3]
-    cut = decode_batch(target, prompts, 8, GREEDY, [stop])
+@pytest.mark.parametrize("fast", [True, False])
+def test_rows_stop_on_their_own_stop_token_leave_the_batch_and_sampling_is_seeded(fast: bool) -> None:
+    target = tiny_random_target(vocab_size=96, seed=3, hidden_size=32, num_layers=2, fast=fast)
+    prompts = [[5, 9, 17], [8, 2, 1, 1], [40, 41], [7] * 6]
+    free = decode_batch(target, prompts, 12, GREEDY, [])
+    stop = free[0][0][3]  # row 0 stops at step 4; the others (sooner, later or never) go on without it
+    cut = decode_batch(target, prompts, 12, GREEDY, [stop])
     for (ids, _), (short, done) in zip(free, cut, strict=True):
         if stop in ids:
             assert done and short == ids[: ids.index(stop) + 1]
