@@ -132,7 +132,7 @@ def scripted() -> Writer:
     return Writer(tok, [stop], ScriptedChat(tok, stop).generate)
 
 
-SMALL = SelfgenSettings(token_budget=400, shard_size=8, sources={"magpie": 1.0}, turn_weights=(0.4, 0.6),
+SMALL = SelfgenSettings(token_budget=400, min_prompts=10, shard_size=8, sources={"magpie": 1.0}, turn_weights=(0.4, 0.6),
                         sample_fraction=0.5, eval_fraction=0.5, max_answer_tokens=32)
 
 
@@ -163,12 +163,13 @@ def test_selfgen_writes_deduplicated_conversations_split_by_conversation(scripte
     assert {r["mode"] for r in records} == {"greedy", "sample"} and max(r["turn"] for r in records) == 2
     assert len({r["system"] for r in firsts}) > 1
     assert report["answer_tokens"] == sum(len(r["completion_ids"]) for r in records) >= SMALL.token_budget
+    assert len({(r["conversation"], r["turn"]) for r in records}) >= SMALL.min_prompts
 
 
 @pytest.mark.slow  # loads the default target's tokenizer (GGUF), ~10 s
 def test_a_resumed_selfgen_appends_what_one_run_writes(scripted: Writer, tmp_path: Path) -> None:
     whole = run_selfgen(writer=scripted, out_dir=tmp_path / "whole", settings=SMALL, progress=False)
-    first = SelfgenSettings(**{**SMALL.__dict__, "token_budget": 1})  # stops after one shard
+    first = SelfgenSettings(**{**SMALL.__dict__, "token_budget": 1, "min_prompts": 1})  # stops after one shard
     part = run_selfgen(writer=scripted, out_dir=tmp_path / "part", settings=first, progress=False)
     assert len(selfgen.shard_paths(part)) == 1
     with pytest.raises(FileExistsError, match="overwrite=true"):

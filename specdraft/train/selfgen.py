@@ -20,7 +20,8 @@ Output (`out_dir`): `shards/shard-NNNNN.jsonl` (one record per answer: {"id", "c
 "turn", "mode", "split", "kind", "source", "system", "messages", "prompt", "prompt_ids",
 "completion", "completion_ids", "finished"}) and `shard-NNNNN.json` (its counts), written
 atomically per shard; `report.json` / `report.md`, the diversity report. A run stops at the shard
-that reaches `token_budget` answer tokens (or `max_minutes`); rerun with `overwrite=true` to resume:
+that reaches both `token_budget` answer tokens and `min_prompts` answered user turns (or at
+`max_minutes`); rerun with `overwrite=true` to resume:
 finished shards are kept and their prompts stay in the duplicate index, so a resumed run writes what
 one uninterrupted run writes. Generation is batched (`specdraft.batch_decode`: left padded, on the
 target's fast stack).
@@ -148,6 +149,7 @@ class SelfgenSettings:
     """What `run_selfgen` makes (the fields of conf/selfgen.yaml, less target, paths and threads)."""
 
     token_budget: int = 2_000_000
+    min_prompts: int = 20_000  # the run also goes on until this many distinct prompts (user turns) are answered
     shard_size: int = 256
     sources: Mapping[str, float] = field(default_factory=lambda: {"magpie": 0.8, "corpus": 0.2})
     turn_weights: Sequence[float] = (0.55, 0.3, 0.15)  # P(1 user turn), P(2), P(3)
@@ -332,6 +334,7 @@ def run_selfgen(target: str | TargetModel = "smollm2-135m", *, out_dir: str | Pa
         records += recs
         rejected.update(json.loads(path.with_suffix(".json").read_text())["rejected"])
     tokens = sum(len(r["completion_ids"]) for r in records)
+    prompts = {(r["conversation"], r["turn"]) for r in records}
     pools = fixed_pools(s.sources, s.seed)
     if writer is None:
         target = load_target(target, device="cpu") if isinstance(target, str) else target
@@ -342,7 +345,8 @@ def run_selfgen(target: str | TargetModel = "smollm2-135m", *, out_dir: str | Pa
                disable=not progress, file=sys.stderr, mininterval=10)
     t0 = time.time()
     shard = len(done)
-    while tokens < s.token_budget and (s.max_minutes is None or time.time() - t0 < 60 * s.max_minutes):
+    while ((tokens < s.token_budget or len(prompts) < s.min_prompts)
+           and (s.max_minutes is None or time.time() - t0 < 60 * s.max_minutes)):
         t_shard = time.time()
         result = write_shard(writer, shard_conversations(shard, s, pools), index, s, shard)
         n = sum(len(r["completion_ids"]) for r in result.records)
@@ -352,9 +356,10 @@ def run_selfgen(target: str | TargetModel = "smollm2-135m", *, out_dir: str | Pa
             "seconds": round(time.time() - t_shard, 1), "rejected": dict(result.rejected)}))
         _atomic_write(path, "".join(json.dumps(r) + "\n" for r in result.records))  # last: marks the shard done
         records += result.records
+        prompts |= {(r["conversation"], r["turn"]) for r in result.records}
         rejected.update(result.rejected)
         tokens += n
-        bar.update(min(n, s.token_budget - bar.n))
+        bar.update(max(0, min(n, s.token_budget - bar.n)))
         shard += 1
         report = diversity_report(records, rejected)
         _atomic_write(out / "report.json", json.dumps(report, indent=1))
