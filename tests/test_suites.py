@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -246,3 +247,13 @@ def test_builtin_prompts_fit_the_default_target() -> None:
     copy_heavy = ("code_edit", "summarize")
     long_ones = [lengths[p.id] for p in load_suite("builtin") if p.category in copy_heavy]
     assert min(long_ones) > 150, lengths
+
+
+@pytest.mark.slow  # loads the default target's tokenizer (GGUF), ~10 s
+def test_the_general_suite_has_its_categories_and_long_contexts() -> None:
+    """benchmarks/check_general_suite.py: 9 categories of >= 8 prompts, two-turn chats, summaries of
+    >= 1000 and retrieval prompts of >= 1500 first-turn tokens."""
+    script = Path(__file__).parents[1] / "benchmarks" / "check_general_suite.py"
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "OK:" in done.stdout
