@@ -29,6 +29,7 @@ teacher cache, named after the target unless `cache_name` is set.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import re
@@ -188,11 +189,12 @@ def losses(run: TrainLog) -> list[float]:
     return [row["loss"] for row in run.history if "loss" in row]
 
 
-def load_blocks(tokenizer: object, split: str, max_tokens: int, sources: list[str], block_size: int) -> Tensor:
+def load_blocks(tokenizer: object, split: str, max_tokens: int, sources: list[str], block_size: int,
+                selfgen_path: str | None = None) -> Tensor:
     """Token blocks [N, block_size] of one split of `sources`: "selfgen" (the target's own answers,
     exact ids, specdraft.train.selfgen) first, then the specdraft.data corpus sources, as one
     stream cut into blocks. A larger max_tokens gives the same blocks plus more (cache shards stay
-    valid)."""
+    valid). selfgen_path: a selfgen.jsonl or `specdraft-selfgen` out_dir (None = the shipped one)."""
     from specdraft.data import corpus_documents, token_blocks
 
     corpus = [s for s in sources if s != "selfgen"]
@@ -200,7 +202,7 @@ def load_blocks(tokenizer: object, split: str, max_tokens: int, sources: list[st
     if "selfgen" in sources:
         from specdraft.train.selfgen import load_selfgen_sequences
 
-        parts += [ids for ids, _ in load_selfgen_sequences(split)]
+        parts += [ids for ids, _ in load_selfgen_sequences(split, selfgen_path)]
     if corpus:
         docs = corpus_documents(split, sources=corpus)
         parts.append(token_blocks(tokenizer, docs, block_size, max_tokens=max_tokens).flatten())
@@ -261,6 +263,8 @@ def teacher_cache_dir(cfg) -> Path:  # noqa: ANN001 - an OmegaConf DictConfig
     """Where the recipe caches layer-E hidden states and teacher top-k for this config. Shards are
     blocks of the same token stream, so a larger train_tokens reuses them."""
     sources = "" if list(cfg.sources) == ["stdlib", "pydoc"] else "_" + "+".join(cfg.sources)
+    if cfg.get("selfgen_path") and "selfgen" in cfg.sources:  # other answers: another cache
+        sources += "_" + hashlib.sha1(str(Path(cfg.selfgen_path).expanduser().resolve()).encode()).hexdigest()[:8]
     return Path(cfg.cache_dir).expanduser() / (
         f"{cache_name(cfg)}{sources}_E{cfg.exit_layer}_T{cfg.block_size}_k{cfg.top_k}"
     )
@@ -269,11 +273,12 @@ def teacher_cache_dir(cfg) -> Path:  # noqa: ANN001 - an OmegaConf DictConfig
 def teacher_sets(cfg, target: TargetModel) -> tuple[dict[str, Tensor], dict[str, dict[str, Tensor]]]:  # noqa: ANN001
     """The cached teacher data of the training split and of every held-out group (by name)."""
     cache_root, context = teacher_cache_dir(cfg), bool(cfg.adapter.context)
-    blocks = load_blocks(target.tokenizer, "train", cfg.train_tokens, list(cfg.sources), cfg.block_size)
+    path = cfg.get("selfgen_path")
+    blocks = load_blocks(target.tokenizer, "train", cfg.train_tokens, list(cfg.sources), cfg.block_size, path)
     train_data = precompute_teacher(target, blocks, cfg.exit_layer, cfg.top_k, cache_root / "train", with_prev=context)
     groups = eval_groups(list(cfg.sources))
     held_by = {"+".join(g): precompute_teacher(
-        target, load_blocks(target.tokenizer, "eval", cfg.eval_tokens, g, cfg.block_size), cfg.exit_layer, cfg.top_k,
+        target, load_blocks(target.tokenizer, "eval", cfg.eval_tokens, g, cfg.block_size, path), cfg.exit_layer, cfg.top_k,
         cache_root / ("eval" if len(groups) == 1 else "eval_" + "+".join(g)), with_prev=context) for g in groups}
     return train_data, held_by
 
