@@ -58,6 +58,33 @@ def read_suite(path: Path) -> tuple[list[dict], list[str]]:
     return records, problems
 
 
+def check(path: Path, tokenizer: object) -> tuple[list[str], list[str]]:
+    """(Markdown table lines of per-category counts and first-turn token lengths, problems)."""
+    records, problems = read_suite(path)
+    lengths: dict[str, list[int]] = {c: [] for c in CATEGORIES}
+    two_turn: dict[str, int] = {c: 0 for c in CATEGORIES}
+    for rec in records:
+        cat = rec["category"]
+        if cat not in lengths:
+            continue
+        n_tok = len(tokenizer.encode(rec["turns"][0], add_special_tokens=False))  # type: ignore[attr-defined]
+        lengths[cat].append(n_tok)
+        two_turn[cat] += len(rec["turns"]) == 2
+        floor = MIN_FIRST_TURN_TOKENS.get(cat)
+        if floor is not None and n_tok < floor:
+            problems.append(f"{rec['question_id']}: first turn has {n_tok} tokens, {cat} needs >= {floor}")
+    table = ["| category | prompts | 2-turn | min tokens | median tokens | max tokens |", "|---|---|---|---|---|---|"]
+    for cat in CATEGORIES:
+        xs = lengths[cat]
+        if len(xs) < MIN_PER_CATEGORY:
+            problems.append(f"category {cat}: {len(xs)} prompts, needs >= {MIN_PER_CATEGORY}")
+        stats = f"{min(xs)} | {statistics.median(xs):g} | {max(xs)}" if xs else "- | - | -"
+        table.append(f"| {cat} | {len(xs)} | {two_turn[cat]} | {stats} |")
+    if len(records) < MIN_TOTAL:
+        problems.append(f"{len(records)} prompts in all, needs >= {MIN_TOTAL}")
+    return table, problems
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--suite", type=Path, default=DEFAULT_SUITE)
@@ -66,33 +93,9 @@ def main() -> int:
 
     from specdraft.models import load_tokenizer
 
-    records, problems = read_suite(args.suite)
-    tok = load_tokenizer(args.target)
-    lengths: dict[str, list[int]] = {c: [] for c in CATEGORIES}
-    two_turn: dict[str, int] = {c: 0 for c in CATEGORIES}
-    for rec in records:
-        cat = rec["category"]
-        if cat not in lengths:
-            continue
-        n_tok = len(tok.encode(rec["turns"][0], add_special_tokens=False))
-        lengths[cat].append(n_tok)
-        two_turn[cat] += len(rec["turns"]) == 2
-        floor = MIN_FIRST_TURN_TOKENS.get(cat)
-        if floor is not None and n_tok < floor:
-            problems.append(f"{rec['question_id']}: first turn has {n_tok} tokens, {cat} needs >= {floor}")
-
-    print(f"{args.suite} ({len(records)} prompts, first-turn tokens under {args.target}'s tokenizer)\n")
-    print("| category | prompts | 2-turn | min tokens | median tokens | max tokens |")
-    print("|---|---|---|---|---|---|")
-    for cat in CATEGORIES:
-        xs = lengths[cat]
-        if len(xs) < MIN_PER_CATEGORY:
-            problems.append(f"category {cat}: {len(xs)} prompts, needs >= {MIN_PER_CATEGORY}")
-        stats = f"{min(xs)} | {statistics.median(xs):g} | {max(xs)}" if xs else "- | - | -"
-        print(f"| {cat} | {len(xs)} | {two_turn[cat]} | {stats} |")
-    if len(records) < MIN_TOTAL:
-        problems.append(f"{len(records)} prompts in all, needs >= {MIN_TOTAL}")
-
+    table, problems = check(args.suite, load_tokenizer(args.target))
+    print(f"{args.suite} (first-turn tokens under {args.target}'s tokenizer)\n")
+    print("\n".join(table))
     if problems:
         print(f"\nFAILED: {len(problems)} problem(s) in {args.suite}:", file=sys.stderr)
         for p in problems:
