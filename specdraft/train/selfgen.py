@@ -65,7 +65,7 @@ from specdraft.train.data_quality import (
 from specdraft.train.dedup import DuplicateIndex
 from specdraft.train.magpie import SYSTEM_PROMPTS, system_messages, user_turn_prefix
 from specdraft.train.outputs import prepare_output_dir
-from specdraft.train.selfgen_prompts import KINDS, build_prompts, extra_prompts_for
+from specdraft.train.selfgen_prompts import KINDS, build_prompts, extra_prompts_for, split_of
 
 SELFGEN_DIR = ARTIFACTS_DIR / "smollm2-135m" / "selfgen"  # the shipped answers of smollm2-135m
 SELFGEN_FILE = "selfgen.jsonl"
@@ -136,12 +136,6 @@ class Conversation:
 def stable_seed(*parts: object) -> int:
     """A seed from `parts` that is the same in every process (Python's own hash of a str is not)."""
     return int.from_bytes(hashlib.sha1(repr(parts).encode()).digest()[:4], "big")
-
-
-def split_of(key: str, eval_fraction: float) -> str:
-    """The stable split of a conversation, by a hash of its id."""
-    h = int.from_bytes(hashlib.sha1(key.encode()).digest()[:4], "big") / 2**32
-    return "eval" if h < eval_fraction else "train"
 
 
 @dataclass(frozen=True)
@@ -253,7 +247,7 @@ def write_shard(writer: Writer, convs: list[Conversation], index: DuplicateIndex
                          stable_seed(s.seed, shard, turn, "user"))
         texts = {id(c): (tok.decode(ids, skip_special_tokens=True).strip(), len(ids), done)
                  for c, (ids, done) in zip(sampled, users, strict=True)}
-        kept = []
+        kept, prompt_ids = [], []
         for c in live:
             text, n, done = texts.get(id(c), (c.first_turn or "", 1, True))
             problem = prompt_problem(text, n, done) if id(c) in texts else None
@@ -262,17 +256,18 @@ def write_shard(writer: Writer, convs: list[Conversation], index: DuplicateIndex
                 problem = None if dup is None else ("suite_overlap" if dup[1].startswith("suite:") else f"duplicate_{dup[0]}")
             if problem is None:
                 c.messages.append({"role": "user", "content": text})
-                if len(chat_prompt_ids(tok, c.messages)) > s.max_prompt_tokens:
+                ids = chat_prompt_ids(tok, c.messages)
+                if len(ids) > s.max_prompt_tokens:
                     problem = "too_long"
             if problem is not None:
                 rejected[f"user_turn_{turn}:{problem}"] += 1
                 continue
             kept.append(c)
-        live = kept
+            prompt_ids.append(ids)
+        live, prompts = kept, prompt_ids
         if not live:
             break
         # 2. the answers: greedy (the conversation goes on from it) and, for some turns, a sample
-        prompts = [chat_prompt_ids(tok, c.messages) for c in live]
         greedy = generate(prompts, Decoding(s.max_answer_tokens), 0)
         extra = [i for i in range(len(live)) if rng.random() < s.sample_fraction]
         sampled_answers = generate([prompts[i] for i in extra], Decoding(s.max_answer_tokens, s.answer_temperature),
@@ -327,7 +322,7 @@ def run_selfgen(target: str | TargetModel = "smollm2-135m", *, out_dir: str | Pa
     rejected: Counter[str] = Counter()
     done = shard_paths(out)
     for path in done:  # resume: the finished shards' first turns go back into the index, in order
-        recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        recs = _read_records(path)
         for r in recs:
             if r["turn"] == 1 and r["mode"] == "greedy":
                 index.add(r["conversation"], r["prompt"])

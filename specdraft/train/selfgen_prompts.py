@@ -44,8 +44,13 @@ class Prompt:
     @property
     def split(self) -> str:
         """Stable train/eval split by hash of the id (eval ~ 8%)."""
-        h = int.from_bytes(hashlib.sha1(self.id.encode()).digest()[:4], "big") / 2**32
-        return "eval" if h < 0.08 else "train"
+        return split_of(self.id, 0.08)
+
+
+def split_of(key: str, eval_fraction: float) -> str:
+    """The stable split ("train" or "eval") of `key`, by a hash of it."""
+    h = int.from_bytes(hashlib.sha1(key.encode()).digest()[:4], "big") / 2**32
+    return "eval" if h < eval_fraction else "train"
 
 
 def _first_sentence(doc: str, max_chars: int = 160) -> str:
