@@ -187,6 +187,9 @@ class DraftModelDrafter:
             self._cache.reset()
         self._copy_index = NGramIndex(self.copy_ngram, self.copy_max_ngram) if self.copy_ngram else None
 
+    def learn(self, token_ids: torch.Tensor, prompt_len: int) -> None:
+        """Nothing is kept across requests."""
+
     def commit(self, ctx: DraftContext, num_accepted: int) -> None:
         """Keep only the cached positions that match the committed tokens (drops rejected KV)."""
         if self._cache is not None:

@@ -158,6 +158,9 @@ class EarlyExitDrafter:
     def reset(self) -> None:
         """No own state: the shared cache lives in the target."""
 
+    def learn(self, token_ids: torch.Tensor, prompt_len: int) -> None:
+        """Nothing is kept across requests."""
+
     def commit(self, ctx: DraftContext, num_accepted: int) -> None:
         """Nothing to roll back: the target's crop already cut the shared cache."""
 

@@ -145,6 +145,9 @@ class MedusaDrafter:
     def reset(self) -> None:
         """No per-prompt state: the heads only read the target's hidden state."""
 
+    def learn(self, token_ids: torch.Tensor, prompt_len: int) -> None:
+        """Nothing is kept across requests."""
+
     def commit(self, ctx: DraftContext, num_accepted: int) -> None:
         """Nothing to roll back."""
 

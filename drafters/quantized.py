@@ -273,6 +273,9 @@ class QuantizedDrafter:
         if self._cache is not None:
             self._cache.reset()
 
+    def learn(self, token_ids: torch.Tensor, prompt_len: int) -> None:
+        """Nothing is kept across requests."""
+
     def commit(self, ctx: DraftContext, num_accepted: int) -> None:
         """Keep only the cached positions that match the committed tokens (drops rejected K/V)."""
         if self._cache is not None:

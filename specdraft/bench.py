@@ -161,7 +161,7 @@ class Method:
 
     def run(self, target: TargetModel, ids: list[int], max_new: int, sampling: Any) -> Run:
         if self.decoder is not None:
-            res = self.decoder.generate(ids, max_new, sampling=sampling)
+            res = self.decoder.generate(ids, max_new, sampling=sampling, learn=False)
             s = res.stats
             return Run(s.total_s, res.token_ids[0].tolist(), s,
                        decode_seconds=s.total_s - s.prefill_s, decode_tokens=s.new_tokens)
@@ -454,7 +454,9 @@ def time_prompt(
 ) -> dict[str, list[Run]]:
     """Every method's timed runs on one prompt (ids: each method's prompt tokens, by its name) after
     `warmup` untimed ones, the order rotating per repetition to cancel drift; on_run() is called
-    after each generation."""
+    after each generation. Then every drafter learns the prompt's first timed output once
+    (`SpeculativeDecoder.learn`): a drafter that remembers requests (suffix decoding) sees each
+    prompt's output only on the prompts after it, never in a repetition of the same prompt."""
     runs: dict[str, list[Run]] = defaultdict(list)
     for rep in range(warmup + reps):
         shift = rep % len(methods)
@@ -463,6 +465,9 @@ def time_prompt(
             if rep >= warmup:
                 runs[method.name].append(run)
             on_run()
+    for method in methods:
+        if method.decoder is not None and runs[method.name]:
+            method.decoder.learn(ids[method.name], runs[method.name][0].token_ids)
     return runs
 
 

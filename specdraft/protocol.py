@@ -1,7 +1,8 @@
 """The Drafter protocol: the one interface every drafting strategy implements.
 
-A drafter proposes K tokens per round (`propose`), learns how many the target kept (`commit`) and
-forgets everything on a new prompt (`reset`). It never touches the target's KV cache except through
+A drafter proposes K tokens per round (`propose`), learns how many the target kept (`commit`),
+forgets the prompt's state on a new prompt (`reset`) and may remember a finished generation
+across requests (`learn`). It never touches the target's KV cache except through
 `TargetModel`'s public methods. Capabilities are class attributes (`needs_target_hidden`, `hf_counterpart`,
 `verify_curve_tokens`), so the decoding loop never branches on a drafter's type.
 """
@@ -89,4 +90,10 @@ class Drafter(Protocol):
 
     def reset(self) -> None:
         """Forget all per-prompt state."""
+        ...
+
+    def learn(self, token_ids: Tensor, prompt_len: int) -> None:
+        """A generation finished: token_ids [T] is its prompt (the first prompt_len tokens) and
+        output. A drafter that learns across requests (suffix decoding's store) keeps what it
+        needs; every other drafter does nothing. Not called for the decoder's own calibration."""
         ...

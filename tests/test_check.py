@@ -171,6 +171,9 @@ class ImpossibleDrafter:
     def reset(self) -> None:
         pass
 
+    def learn(self, token_ids: torch.Tensor, prompt_len: int) -> None:
+        """Nothing is kept across requests."""
+
     def commit(self, ctx: DraftContext, num_accepted: int) -> None:
         pass
 

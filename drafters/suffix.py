@@ -1,0 +1,225 @@
+"""Suffix decoding: model-free drafting from the current request and from every earlier one.
+
+Each round the drafter looks up the longest suffix of the committed tokens (up to `max_match`
+tokens) in two indexes (`drafters.suffix_index`): the current request's prompt + output, and a
+global store of earlier requests' outputs bounded by `store_tokens`. The continuations that followed
+the matched occurrences are merged into a counted tree; the speculation is its most frequent nodes
+(a node's probability = the share of occurrences that continue through it, >= `min_prob`), at most
+`spec_factor * match length + spec_offset` deep (a long match earns a long draft), from whichever
+index promises more accepted tokens. The number of nodes is the one that maximises expected tokens
+per unit of verify time on the target's measured verify-cost curve, so a hopeless guess is not
+verified at all. `tree=false` proposes the most frequent chain instead of the tree.
+
+The store learns from finished generations (`learn`, called by the decoder after each `generate`,
+by the bench once per prompt) and can be saved to and loaded from a file (`save_store`,
+`store_path`), so a deployment warms it from earlier traffic. Candidates are deterministic
+(one-hot q): chains and trees are verified losslessly at any temperature (`specdraft.verify`,
+`specdraft.tree`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from drafters.suffix_index import Candidate, SuffixIndex, best_chain, continuation_tree
+from specdraft import costs
+from specdraft.protocol import Draft, DraftContext
+
+if TYPE_CHECKING:
+    from specdraft.target import TargetModel
+
+MAX_NODES = 32  # the most candidates one round verifies (the verify curve is read this far)
+STORE_FORMAT = "specdraft-suffix-store"
+STORE_VERSION = 1
+
+
+def expected_tokens(nodes: Sequence[Candidate]) -> float:
+    """Expected emitted tokens of a round verifying `nodes`: 1 (the target's own token) plus
+    every node's probability of lying on the accepted path."""
+    return 1.0 + sum(n.prob for n in nodes)
+
+
+def nodes_worth_verifying(nodes: Sequence[Candidate], curve: Sequence[float]) -> int:
+    """How many of the best-first `nodes` maximise expected tokens per verify time, with
+    curve[n] = T_v(n) / T_v(0) (0 = a plain target step is better than any guess)."""
+    best_n, best_rate, gain = 0, 1.0 / curve[0], 1.0
+    for n in range(1, min(len(nodes), len(curve) - 1) + 1):
+        gain += nodes[n - 1].prob
+        rate = gain / max(curve[n], curve[0])
+        if rate > best_rate:
+            best_n, best_rate = n, rate
+    return best_n
+
+
+class SuffixDrafter:
+    """Suffix-decoding drafter. `specdraft-generate drafter=suffix` (module docstring).
+
+    tree: true = a tree of the most frequent continuations, false = their most frequent chain.
+    anchor: the longest n-gram indexed; max_match: the longest suffix matched (found by extending
+        an anchor-long match backwards); max_occurrences: how many of the most recent occurrences
+        of the match are counted.
+    spec_factor, spec_offset: a match of m tokens drafts at most spec_factor * m + spec_offset
+        tokens deep.
+    min_prob: the least probability a candidate needs to be drafted.
+    store_tokens: the global store's budget in tokens (oldest requests evicted first); 0 = no
+        store (only the current request is searched).
+    store_path: a store file (`save_store`) to start from; None = start empty.
+    """
+
+    needs_target_hidden: ClassVar[bool] = False
+    hf_counterpart: ClassVar[str | None] = None
+    verify_curve_tokens: ClassVar[int] = MAX_NODES
+
+    def __init__(
+        self,
+        tree: bool = True,
+        anchor: int = 4,
+        max_match: int = 32,
+        max_occurrences: int = 32,
+        spec_factor: float = 1.0,
+        spec_offset: float = 1.0,
+        min_prob: float = 0.1,
+        store_tokens: int = 1_000_000,
+        store_path: str | None = None,
+    ) -> None:
+        problems = []
+        for name, value, low in (("anchor", anchor, 1), ("max_match", max_match, 1),
+                                 ("max_occurrences", max_occurrences, 1), ("store_tokens", store_tokens, 0)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                problems.append(f"{name} must be an integer >= {low}, got {value!r}")
+        if not 0.0 <= min_prob <= 1.0:
+            problems.append(f"min_prob must be in [0, 1], got {min_prob!r}")
+        if spec_factor < 0 or spec_offset < 0:
+            problems.append(f"spec_factor and spec_offset must be >= 0, got {spec_factor!r}, {spec_offset!r}")
+        if problems:
+            raise ValueError("SuffixDrafter: " + "; ".join(problems) + ".")
+        self.tree = bool(tree)
+        self.anchor, self.max_match, self.max_occurrences = anchor, max_match, max_occurrences
+        self.spec_factor, self.spec_offset, self.min_prob = float(spec_factor), float(spec_offset), float(min_prob)
+        self.store_tokens = store_tokens
+        self.store: SuffixIndex | None = SuffixIndex(anchor, store_tokens) if store_tokens else None
+        self._store_vocab: int | None = None
+        if store_path is not None:
+            self._load_store(store_path)
+        self._curve: list[float] | None = None
+        self._target: TargetModel | None = None
+        self.reset()
+
+    # ------------------------------------------------------------------------------- protocol
+    def bind(self, target: TargetModel) -> None:
+        """Check a loaded store was written for this vocabulary; the curve is read on first use."""
+        if self._store_vocab is not None and self._store_vocab != target.vocab_size:
+            raise ValueError(
+                f"the suffix store was written for a vocabulary of {self._store_vocab} tokens but the "
+                f"target has {target.vocab_size}; build the store with this target's tokenizer."
+            )
+        self._target, self._curve = target, None
+
+    def reset(self) -> None:
+        """A new request: an empty local index (the store keeps what it learned)."""
+        self.local = SuffixIndex(self.anchor)
+        self._local_seq = self.local.start()
+
+    def propose(self, ctx: DraftContext, num_tokens: int) -> Draft:
+        if ctx.token_ids.shape[0] != 1:
+            raise NotImplementedError("SuffixDrafter supports batch size 1.")
+        self._catch_up(ctx.token_ids[0])
+        context = self.local.sequences[self._local_seq]
+        nodes = self.speculate(context, min(num_tokens, MAX_NODES))
+        nodes = nodes[: nodes_worth_verifying(nodes, self._verify_curve())]
+        device = ctx.token_ids.device
+        ids = torch.tensor([[n.token for n in nodes]], dtype=torch.long, device=device).reshape(1, len(nodes))  # [1, N]
+        if not self.tree:
+            return Draft(token_ids=ids)
+        parents = torch.tensor([[n.parent for n in nodes]], dtype=torch.long, device=device).reshape(1, len(nodes))
+        return Draft(token_ids=ids, parents=parents)  # [1, N] each
+
+    def commit(self, ctx: DraftContext, num_accepted: int) -> None:
+        self._catch_up(ctx.token_ids[0])
+
+    def learn(self, token_ids: Tensor, prompt_len: int) -> None:
+        """Remember a finished generation's output (token_ids [T] = prompt + output) in the store."""
+        if self.store is not None and token_ids.shape[0] > prompt_len:
+            self.store.add(token_ids[prompt_len:].tolist())
+
+    # ------------------------------------------------------------------------------- drafting
+    def speculate(self, context: Sequence[int], max_nodes: int) -> list[Candidate]:
+        """The best candidates (best first, parents first) continuing `context`, from the local
+        index or the store, whichever promises more accepted tokens; a chain when tree=false."""
+        best: list[Candidate] = []
+        for index in (self.local, self.store):
+            if index is None:
+                continue
+            match = index.match(context, self.max_match, self.max_occurrences)
+            if match is None:
+                continue
+            depth = min(int(self.spec_factor * match.length + self.spec_offset), max_nodes)
+            windows = index.continuations(match, depth)
+            nodes = (continuation_tree(windows, max_nodes, self.min_prob) if self.tree
+                     else best_chain(windows, self.min_prob))
+            if expected_tokens(nodes) > expected_tokens(best):
+                best = nodes
+        return best
+
+    def _catch_up(self, committed: Tensor) -> None:
+        """Index the committed tokens [T] not yet in the local index (they only grow per request)."""
+        have = len(self.local.sequences[self._local_seq])
+        if committed.shape[0] < have:
+            raise ValueError("the committed tokens shrank within a request; call reset() for a new prompt.")
+        if committed.shape[0] > have:
+            self.local.extend(self._local_seq, committed[have:].tolist())
+
+    def _verify_curve(self) -> list[float]:
+        """T_v(n) / T_v(0) for n = 0..MAX_NODES on the bound target (measured once per process and
+        model, before a generation's clock starts: `verify_curve_tokens`)."""
+        if self._curve is None:
+            if self._target is None:
+                raise ValueError("SuffixDrafter needs bind(target) before propose: it sizes drafts on the target's verify cost.")
+            self._curve = costs.verify_curve(self._target, MAX_NODES)
+        return self._curve
+
+    # ------------------------------------------------------------------------------- store files
+    def store_stats(self) -> dict[str, Any]:
+        """The store's size against its budget (tokens, requests, estimated bytes)."""
+        store = self.store
+        return {"budget_tokens": self.store_tokens,
+                "tokens": 0 if store is None else store.num_tokens,
+                "requests": 0 if store is None else len(store.sequences),
+                "bytes": 0 if store is None else store.memory_bytes()}
+
+    def save_store(self, path: str | Path) -> None:
+        """Write the store (its requests' tokens, oldest first) to a JSON file, atomically."""
+        if self.store is None:
+            raise ValueError("this SuffixDrafter has no store (store_tokens=0); nothing to save.")
+        if self._target is None and self._store_vocab is None:
+            raise ValueError("bind(target) before save_store: the file records the target's vocabulary size.")
+        vocab = self._target.vocab_size if self._target is not None else self._store_vocab
+        record = {"format": STORE_FORMAT, "version": STORE_VERSION, "vocab_size": vocab,
+                  "sequences": list(self.store.sequences.values())}
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, path)
+
+    def _load_store(self, path: str | Path) -> None:
+        file = Path(path).expanduser()
+        if not file.is_file():
+            raise ValueError(f"store_path={path}: no such file; give a file written by SuffixDrafter.save_store, or null.")
+        if self.store is None:
+            raise ValueError("store_path is set but store_tokens=0 (no store); set store_tokens > 0 to load it.")
+        try:
+            record = json.loads(file.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise ValueError(f"store_path={path}: not a readable JSON store ({err}).") from err
+        if not isinstance(record, dict) or record.get("format") != STORE_FORMAT or record.get("version") != STORE_VERSION:
+            raise ValueError(f"store_path={path}: not a {STORE_FORMAT} file of version {STORE_VERSION}.")
+        for seq in record["sequences"]:
+            self.store.add([int(t) for t in seq])
+        self._store_vocab = int(record["vocab_size"])
