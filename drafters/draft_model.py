@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -187,8 +187,9 @@ class DraftModelDrafter:
             self._cache.reset()
         self._copy_index = NGramIndex(self.copy_ngram, self.copy_max_ngram) if self.copy_ngram else None
 
-    def learn(self, token_ids: torch.Tensor, prompt_len: int) -> None:
+    def learn(self, token_ids: torch.Tensor, prompt_len: int) -> dict[str, Any]:
         """Nothing is kept across requests."""
+        return {}
 
     def commit(self, ctx: DraftContext, num_accepted: int) -> None:
         """Keep only the cached positions that match the committed tokens (drops rejected KV)."""

@@ -23,7 +23,7 @@ draft token, the exit's own output for the next ones.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -158,8 +158,9 @@ class EarlyExitDrafter:
     def reset(self) -> None:
         """No own state: the shared cache lives in the target."""
 
-    def learn(self, token_ids: torch.Tensor, prompt_len: int) -> None:
+    def learn(self, token_ids: torch.Tensor, prompt_len: int) -> dict[str, Any]:
         """Nothing is kept across requests."""
+        return {}
 
     def commit(self, ctx: DraftContext, num_accepted: int) -> None:
         """Nothing to roll back: the target's crop already cut the shared cache."""

@@ -117,8 +117,9 @@ class NGramDrafter:
         ids = torch.tensor([proposal], dtype=torch.long).reshape(1, len(proposal))  # [1, K]
         return Draft(token_ids=ids)
 
-    def learn(self, token_ids: torch.Tensor, prompt_len: int) -> None:
+    def learn(self, token_ids: torch.Tensor, prompt_len: int) -> dict[str, Any]:
         """Nothing is kept across requests."""
+        return {}
 
     def commit(self, ctx: DraftContext, num_accepted: int) -> None:
         self._index.catch_up(ctx.token_ids[0])

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -273,8 +273,9 @@ class QuantizedDrafter:
         if self._cache is not None:
             self._cache.reset()
 
-    def learn(self, token_ids: torch.Tensor, prompt_len: int) -> None:
+    def learn(self, token_ids: torch.Tensor, prompt_len: int) -> dict[str, Any]:
         """Nothing is kept across requests."""
+        return {}
 
     def commit(self, ctx: DraftContext, num_accepted: int) -> None:
         """Keep only the cached positions that match the committed tokens (drops rejected K/V)."""

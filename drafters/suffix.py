@@ -144,10 +144,14 @@ class SuffixDrafter:
     def commit(self, ctx: DraftContext, num_accepted: int) -> None:
         self._catch_up(ctx.token_ids[0])
 
-    def learn(self, token_ids: Tensor, prompt_len: int) -> None:
-        """Remember a finished generation's output (token_ids [T] = prompt + output) in the store."""
-        if self.store is not None and token_ids.shape[0] > prompt_len:
+    def learn(self, token_ids: Tensor, prompt_len: int) -> dict[str, Any]:
+        """Remember a finished generation's output (token_ids [T] = prompt + output) in the store;
+        returns the store's size (`store_stats`), {} without a store."""
+        if self.store is None:
+            return {}
+        if token_ids.shape[0] > prompt_len:
             self.store.add(token_ids[prompt_len:].tolist())
+        return self.store_stats()
 
     # ------------------------------------------------------------------------------- drafting
     def speculate(self, context: Sequence[int], max_nodes: int) -> list[Candidate]:

@@ -158,6 +158,7 @@ class Method:
     hf_counterpart: str | None = None  # the drafter's declared HF counterpart (ours vs HF table)
     baseline: str = AR  # the autoregressive method on the same target (forward stack)
     llamacpp: LlamaCppPeer | None = None  # set for a llama.cpp peer
+    memory: dict[str, Any] = field(default_factory=dict)  # what its drafter keeps across requests (Drafter.learn)
 
     def run(self, target: TargetModel, ids: list[int], max_new: int, sampling: Any) -> Run:
         if self.decoder is not None:
@@ -467,7 +468,7 @@ def time_prompt(
             on_run()
     for method in methods:
         if method.decoder is not None and runs[method.name]:
-            method.decoder.learn(ids[method.name], runs[method.name][0].token_ids)
+            method.memory = method.decoder.learn(ids[method.name], runs[method.name][0].token_ids)
     return runs
 
 
@@ -599,6 +600,7 @@ def run_bench(cfg: DictConfig, out_dir: Path, plan: BenchPlan | None = None) -> 
         machine = machine_load.MachineLoad(os.cpu_count(), torch.get_num_threads(), load_before,
                                            machine_load.load_average())
         result = make_result(cfg, records, sampling.greedy, progress, machine, partial, bandwidth)
+        result["drafter_memory"] = {m.name: m.memory for m in methods if m.memory}
         write_text_atomically(out_dir / "results.json", json.dumps(result, indent=1, default=str))
         write_text_atomically(out_dir / "results.md", render_markdown(result))
         return result
@@ -813,6 +815,14 @@ def render_markdown(result: dict[str, Any]) -> str:
             lines.append(f"| {r['method']} | {r['peer']} | {_fmt(r['ratio'])}x | {r['prompts']} |")
         lines.append("")
     lines += roofline_markdown(result)
+    if result.get("drafter_memory"):
+        lines.append("## what drafters keep across requests (after the last prompt)\n")
+        lines.append("| method | tokens | budget (tokens) | requests | estimated bytes |")
+        lines.append("|---|---|---|---|---|")
+        for method, mem in result["drafter_memory"].items():
+            lines.append(f"| {method} | {mem.get('tokens')} | {mem.get('budget_tokens')} | {mem.get('requests')} "
+                         f"| {mem.get('bytes')} |")
+        lines.append("")
     if result["greedy_mismatches"]:
         lines.append(f"**GREEDY MISMATCHES:** {result['greedy_mismatches']}\n")
     return "\n".join(lines)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -168,12 +169,14 @@ class SpeculativeDecoder:
             self.learn(prompt[0], result.token_ids[0])
         return result
 
-    def learn(self, prompt_ids: Tensor | Sequence[int], new_token_ids: Tensor | Sequence[int]) -> None:
-        """Tell the drafter a generation finished: prompt_ids [T] were answered with new_token_ids [N]."""
-        if self.drafter is not None:
-            prompt = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(-1).cpu()
-            new = torch.as_tensor(new_token_ids, dtype=torch.long).reshape(-1).cpu()
-            self.drafter.learn(torch.cat([prompt, new]), prompt.shape[0])  # [T + N]
+    def learn(self, prompt_ids: Tensor | Sequence[int], new_token_ids: Tensor | Sequence[int]) -> dict[str, Any]:
+        """Tell the drafter a generation finished: prompt_ids [T] were answered with new_token_ids
+        [N]. Returns what the drafter now keeps across requests (`Drafter.learn`; {} for most)."""
+        if self.drafter is None:
+            return {}
+        prompt = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(-1).cpu()
+        new = torch.as_tensor(new_token_ids, dtype=torch.long).reshape(-1).cpu()
+        return self.drafter.learn(torch.cat([prompt, new]), prompt.shape[0])  # [T + N]
 
     # ------------------------------------------------------------------------------- steps
     def _run(

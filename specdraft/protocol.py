@@ -10,7 +10,7 @@ across requests (`learn`). It never touches the target's KV cache except through
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -92,8 +92,9 @@ class Drafter(Protocol):
         """Forget all per-prompt state."""
         ...
 
-    def learn(self, token_ids: Tensor, prompt_len: int) -> None:
+    def learn(self, token_ids: Tensor, prompt_len: int) -> dict[str, Any]:
         """A generation finished: token_ids [T] is its prompt (the first prompt_len tokens) and
         output. A drafter that learns across requests (suffix decoding's store) keeps what it
-        needs; every other drafter does nothing. Not called for the decoder's own calibration."""
+        needs and returns a summary of what it now keeps (the bench records it); every other
+        drafter keeps nothing and returns {}. Not called for the decoder's own calibration."""
         ...

@@ -352,3 +352,22 @@ def test_a_multi_turn_prompt_must_fit_the_context_at_its_last_turn() -> None:
     assert bench_checks.context_problems([prompt], tokenizer, length + 8, 4) == []
     (problem,) = bench_checks.context_problems([prompt], tokenizer, length + 7, 4)
     assert f"prompt 'm' (chat): {length} prompt tokens over its 2 turns + 2 x 4 new tokens = {length + 8}" in problem
+
+
+def test_a_remembering_drafter_learns_each_prompt_once_after_its_timed_runs(hydra_conf: None, tmp_path: Path) -> None:
+    """Suffix decoding's store learns every prompt's output once, after all its repetitions: a
+    repetition never sees its own prompt's output, and the store's size is in the results."""
+    suite = tmp_path / "r.jsonl"
+    suite.write_text("\n".join(json.dumps({"id": f"p{i}", "category": "c", "prompt": f"word {i} " * 3})
+                               for i in range(3)) + "\n")
+    cfg = compose("bench", overrides=[
+        "target=tiny_random", "suite=file", f"suite.path={suite}", "max_new_tokens=8", "num_draft_tokens=4",
+        "bench.drafters=[ngram,suffix,suffix_cold]", "bench.repetitions=2", "bench.warmup=1",
+        "bench.plots=false", "bench.progress=false", "bench.bandwidth_bytes=0"])
+    result = bench.run_bench(cfg, tmp_path / "out")
+    memory = result["drafter_memory"]
+    assert set(memory) == {"suffix"}  # ngram and the store-less suffix_cold keep nothing
+    assert memory["suffix"]["requests"] == 3 and memory["suffix"]["tokens"] == 3 * 8
+    assert memory["suffix"]["tokens"] <= memory["suffix"]["budget_tokens"]
+    assert all(r["greedy_match"] is True for r in result["records"])
+    assert "## what drafters keep across requests" in (tmp_path / "out" / "results.md").read_text()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -171,8 +171,9 @@ class ImpossibleDrafter:
     def reset(self) -> None:
         pass
 
-    def learn(self, token_ids: torch.Tensor, prompt_len: int) -> None:
+    def learn(self, token_ids: torch.Tensor, prompt_len: int) -> dict[str, Any]:
         """Nothing is kept across requests."""
+        return {}
 
     def commit(self, ctx: DraftContext, num_accepted: int) -> None:
         pass

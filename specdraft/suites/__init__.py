@@ -15,8 +15,10 @@ conversation, and so on (`SuitePrompt.conversation`). The id is `id` (a string) 
 accepted and ignored. A file may mix forms. Built-in suites
 ship as package data in `specdraft/suites/` ("builtin": 6 categories x 6 prompts in the spirit of
 Spec-Bench, written by `benchmarks/make_builtin_suite.py`; "quick": its first two prompts of four
-categories, for `make demo`; "general": a hand-written held-out suite in the `turns` form); any
-other name is read as a file path. The shipped drafters' training prompts were built in the
+categories, for `make demo`; "general": a hand-written held-out suite in the `turns` form;
+"repeated": hand-written workloads that repeat themselves, the same instruction over several
+inputs and tool calls under one shared tool schema, for drafters that remember earlier requests);
+any other name is read as a file path. The shipped drafters' training prompts were built in the
 builtin suite's categories, so for them it is in-distribution: judge a trained drafter on a
 held-out suite ("general", or your own) as well (docs/ARCHITECTURE.md, evaluation).
 Malformed lines raise one `ValueError` naming the file, each bad line's number and its problem, so a
@@ -32,7 +34,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-BUILTIN_SUITES = ("builtin", "quick", "general")
+BUILTIN_SUITES = ("builtin", "quick", "general", "repeated")
 ROLES = ("system", "user", "assistant")
 ID_FIELDS = ("id", "question_id")  # ours, MT-bench's
 BODY_FIELDS = ("messages", "prompt", "turns")  # exactly one per line
