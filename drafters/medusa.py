@@ -75,6 +75,7 @@ class MedusaDrafter:
     needs_target_hidden: ClassVar[bool] = True
     hf_counterpart: ClassVar[str | None] = None
     verify_curve_tokens: ClassVar[int] = MAX_TREE_NODES  # tree="auto" is sized on the curve
+    sizes_own_drafts: ClassVar[bool] = False
 
     def __init__(
         self,

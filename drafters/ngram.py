@@ -88,6 +88,7 @@ class NGramDrafter:
     needs_target_hidden: ClassVar[bool] = False
     hf_counterpart: ClassVar[str | None] = "hf_prompt_lookup"
     verify_curve_tokens: ClassVar[int] = 0
+    sizes_own_drafts: ClassVar[bool] = False
 
     def __init__(self, min_ngram: int = 1, max_ngram: int = 3) -> None:
         if not 1 <= min_ngram <= max_ngram:

@@ -176,6 +176,7 @@ class QuantizedDrafter:
     needs_target_hidden: ClassVar[bool] = False
     hf_counterpart: ClassVar[str | None] = None  # Hugging Face generation has no quantized-copy mode
     verify_curve_tokens: ClassVar[int] = 0
+    sizes_own_drafts: ClassVar[bool] = False
 
     def __init__(
         self,

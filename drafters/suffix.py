@@ -70,12 +70,16 @@ class SuffixDrafter:
     min_prob: the least probability a candidate needs to be drafted.
     store_tokens: the global store's budget in tokens (oldest requests evicted first); 0 = no
         store (only the current request is searched).
+    store_min_match: the shortest match the store may draft from: earlier requests are only
+        evidence when they share a long context (a short match there drafts other requests' words
+        and, worse, teaches the K policy that drafting does not pay).
     store_path: a store file (`save_store`) to start from; None = start empty.
     """
 
     needs_target_hidden: ClassVar[bool] = False
     hf_counterpart: ClassVar[str | None] = None
     verify_curve_tokens: ClassVar[int] = MAX_NODES
+    sizes_own_drafts: ClassVar[bool] = True  # every round's node count is chosen on the verify curve
 
     def __init__(
         self,
@@ -87,11 +91,13 @@ class SuffixDrafter:
         spec_offset: float = 1.0,
         min_prob: float = 0.1,
         store_tokens: int = 1_000_000,
+        store_min_match: int = 4,
         store_path: str | None = None,
     ) -> None:
         problems = []
         for name, value, low in (("anchor", anchor, 1), ("max_match", max_match, 1),
-                                 ("max_occurrences", max_occurrences, 1), ("store_tokens", store_tokens, 0)):
+                                 ("max_occurrences", max_occurrences, 1), ("store_tokens", store_tokens, 0),
+                                 ("store_min_match", store_min_match, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 problems.append(f"{name} must be an integer >= {low}, got {value!r}")
         if not 0.0 <= min_prob <= 1.0:
@@ -103,7 +109,7 @@ class SuffixDrafter:
         self.tree = bool(tree)
         self.anchor, self.max_match, self.max_occurrences = anchor, max_match, max_occurrences
         self.spec_factor, self.spec_offset, self.min_prob = float(spec_factor), float(spec_offset), float(min_prob)
-        self.store_tokens = store_tokens
+        self.store_tokens, self.store_min_match = store_tokens, store_min_match
         self.store: SuffixIndex | None = SuffixIndex(anchor, store_tokens) if store_tokens else None
         self._store_vocab: int | None = None
         if store_path is not None:
@@ -162,7 +168,7 @@ class SuffixDrafter:
             if index is None:
                 continue
             match = index.match(context, self.max_match, self.max_occurrences)
-            if match is None:
+            if match is None or (index is self.store and match.length < self.store_min_match):
                 continue
             depth = min(int(self.spec_factor * match.length + self.spec_offset), max_nodes)
             windows = index.continuations(match, depth)

@@ -48,7 +48,9 @@ class SpeculativeDecoder:
 
     num_draft_tokens: the draft tokens asked for per round (an int >= 0), or "auto": the cost
         model of `specdraft.draft_length` picks K each round (0 = a plain AR round when drafting
-        does not pay) from the acceptance so far and costs measured before the generation.
+        does not pay) from the acceptance so far and costs measured before the generation; a
+        drafter that sizes its own drafts (`Drafter.sizes_own_drafts`) is offered max_draft_tokens
+        every round instead.
     max_draft_tokens: the largest K "auto" may choose.
     verify_curve: for "auto": the target's T_v(k)/T_v(0), k = 0..max_draft_tokens; None = the one
         verify-cost model, `specdraft.costs.verify_curve(target, max_draft_tokens)`, measured on the
@@ -121,6 +123,8 @@ class SpeculativeDecoder:
         curve and the drafter's cost under `sampling` (measured here the first time)."""
         if self.num_draft_tokens != "auto":
             return make_draft_length_policy(self.num_draft_tokens)
+        if self._sizes_own_drafts():  # its own cost model picks each round's length, up to the cap
+            return make_draft_length_policy(self.max_draft_tokens)
         curve = self.verify_curve or costs.verify_curve(self.target, self.max_draft_tokens)
         draft_cost = self.draft_cost_per_token(sampling or self.sampling)
         return make_draft_length_policy("auto", self.max_draft_tokens, curve, draft_cost)
@@ -263,7 +267,7 @@ class SpeculativeDecoder:
             need = max(need, self.max_draft_tokens)
         if need > 0:
             costs.verify_curve(self.target, need)
-        if self.num_draft_tokens == "auto":
+        if self.num_draft_tokens == "auto" and not self._sizes_own_drafts():
             self.draft_cost_per_token(sampling)
 
     def _measure_draft_cost(self, sampling: SamplingConfig) -> float:
@@ -286,6 +290,9 @@ class SpeculativeDecoder:
         return costs.draft_cost_from_rounds(
             stats.drafted_per_round, stats.draft_s_per_round, stats.verify_s_per_round, curve
         )
+
+    def _sizes_own_drafts(self) -> bool:
+        return self.drafter is not None and type(self.drafter).sizes_own_drafts
 
     def _policy(self, sampling: SamplingConfig) -> DraftLengthPolicy:
         """This call's K policy: fresh, or the one kept across calls (keep_policy=True)."""

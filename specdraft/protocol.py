@@ -4,7 +4,7 @@ A drafter proposes K tokens per round (`propose`), learns how many the target ke
 forgets the prompt's state on a new prompt (`reset`) and may remember a finished generation
 across requests (`learn`). It never touches the target's KV cache except through
 `TargetModel`'s public methods. Capabilities are class attributes (`needs_target_hidden`, `hf_counterpart`,
-`verify_curve_tokens`), so the decoding loop never branches on a drafter's type.
+`verify_curve_tokens`, `sizes_own_drafts`), so the decoding loop never branches on a drafter's type.
 """
 
 from __future__ import annotations
@@ -74,6 +74,11 @@ class Drafter(Protocol):
     # (`specdraft.costs.verify_curve`, e.g. to size a candidate tree); 0 = it does not. The decoder
     # measures the curve that far before a generation's clock starts.
     verify_curve_tokens: ClassVar[int]
+    # True: the drafter chooses how many tokens each round drafts from its own evidence (suffix
+    # decoding: per-candidate probabilities from counts, weighed on the verify-cost curve), so under
+    # num_draft_tokens="auto" the decoder offers it max_draft_tokens every round instead of capping
+    # it with the acceptance-rate cost model (`specdraft.draft_length`).
+    sizes_own_drafts: ClassVar[bool]
 
     def bind(self, target: TargetModel) -> None:
         """Called once before generation: share weights, check the vocabulary, move to device."""

@@ -61,6 +61,7 @@ class RecomputeDrafter:
     needs_target_hidden: ClassVar[bool] = False
     hf_counterpart: ClassVar[str | None] = None
     verify_curve_tokens: ClassVar[int] = 0
+    sizes_own_drafts: ClassVar[bool] = False
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model.eval()

@@ -164,6 +164,7 @@ class ImpossibleDrafter:
     needs_target_hidden: ClassVar[bool] = False
     hf_counterpart: ClassVar[str | None] = None
     verify_curve_tokens: ClassVar[int] = 0
+    sizes_own_drafts: ClassVar[bool] = False
 
     def bind(self, target: TargetModel) -> None:
         self.target = target

@@ -27,6 +27,7 @@ class OracleDrafter:
     needs_target_hidden: ClassVar[bool] = False
     hf_counterpart: ClassVar[str | None] = None
     verify_curve_tokens: ClassVar[int] = 0
+    sizes_own_drafts: ClassVar[bool] = False
 
     def __init__(self, full_sequence: list[int], corrupt_every: int = 0, vocab: int = 16) -> None:
         self.seq = full_sequence

@@ -159,7 +159,7 @@ def warm_store(drafter: SuffixDrafter, target: TargetModel, prompts: list[list[i
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_greedy_equals_plain_greedy(tree: bool, seed: int) -> None:
     target = flat_costs(tiny_random_target(vocab_size=16, seed=30 + seed))
-    drafter = SuffixDrafter(tree=tree, anchor=2, min_prob=0.0)
+    drafter = SuffixDrafter(tree=tree, anchor=2, min_prob=0.0, store_min_match=1)
     prompts = [[1, 5, 3, 7, 1, 5, 3, 7, 1, 5], [2, 4, 6, 2, 4], [3, 3, 3, 3]]
     warm_store(drafter, target, prompts)
     dec = SpeculativeDecoder(target, drafter, num_draft_tokens=8, verify_curve=[1.0] * 9)
@@ -173,7 +173,7 @@ def test_greedy_equals_plain_greedy(tree: bool, seed: int) -> None:
 
 
 def test_tree_proposals_branch() -> None:
-    drafter = SuffixDrafter(tree=True, anchor=2, min_prob=0.0)
+    drafter = SuffixDrafter(tree=True, anchor=2, min_prob=0.0, store_min_match=1)
     drafter.bind(flat_costs(tiny_random_target(vocab_size=16, seed=1)))
     for cont in ([4, 5, 6], [4, 5, 7], [8, 9, 1]):
         drafter.store.add([1, 2, *cont])
@@ -194,7 +194,7 @@ def flat_costs(target: TargetModel) -> TargetModel:
 def two_token_pvalue(target: TargetModel, tree: bool, sampler=None, n: int = 1200) -> float:  # noqa: ANN001
     sampling = SamplingConfig(temperature=1.0)
     flat_costs(target)
-    drafter = SuffixDrafter(tree=tree, anchor=2, min_prob=0.0)
+    drafter = SuffixDrafter(tree=tree, anchor=2, min_prob=0.0, store_min_match=1)
     prompt = [2, 9]  # no repeat inside: the drafts come from the store, a branching tree
     warm_store(drafter, target, [prompt], n=60)
     kwargs = {} if sampler is None else {"sampler": sampler}
@@ -222,7 +222,7 @@ def test_tree_test_catches_a_residual_that_keeps_rejected_siblings(tiny_target: 
 def test_a_shared_store_changes_nothing_but_speed() -> None:
     target = flat_costs(tiny_random_target(vocab_size=16, seed=5))
     prompts = [[1, 2, 3, 4, 5], [1, 2, 3, 4, 6], [6, 1, 2, 3, 4], [1, 2, 3]]
-    warm, cold = SuffixDrafter(anchor=2), SuffixDrafter(anchor=2, store_tokens=0)
+    warm, cold = SuffixDrafter(anchor=2, store_min_match=1), SuffixDrafter(anchor=2, store_tokens=0)
     runs = {}
     for name, drafter in (("warm", warm), ("cold", cold)):
         dec = SpeculativeDecoder(target, drafter, num_draft_tokens=8, verify_curve=[1.0] * 9)
@@ -233,25 +233,29 @@ def test_a_shared_store_changes_nothing_but_speed() -> None:
     assert sum(r.stats.accepted for r in runs["warm"]) >= sum(r.stats.accepted for r in runs["cold"])
 
 
-def test_calibration_teaches_the_store_nothing() -> None:
-    target = tiny_random_target(vocab_size=16, seed=5)
+def test_auto_offers_the_whole_budget_and_learn_false_teaches_nothing() -> None:
+    """The drafter sizes its own drafts (sizes_own_drafts): under "auto" the decoder offers it
+    max_draft_tokens every round and measures no draft cost for it (no calibration run, which
+    would also have nothing to teach the store)."""
+    target = flat_costs(tiny_random_target(vocab_size=16, seed=5))
     drafter = SuffixDrafter(anchor=2)
     dec = SpeculativeDecoder(target, drafter, num_draft_tokens="auto", max_draft_tokens=4)
-    dec.generate([1, 2, 3], 5, stop_token_ids=[])  # measures the drafter's cost first
-    assert drafter.store_stats()["requests"] == 1
+    assert dec.new_policy().choose(10) == 4
+    dec.generate([1, 2, 3, 1, 2, 3, 1, 2], 5, stop_token_ids=[])
+    assert drafter.store_stats()["requests"] == 1 and dec._measured_draft_cost == {}
     dec.generate([1, 2, 3], 5, stop_token_ids=[], learn=False)
     assert drafter.store_stats()["requests"] == 1
 
 
 def test_store_file_round_trip(tmp_path) -> None:  # noqa: ANN001
     target = tiny_random_target(vocab_size=16, seed=2)
-    drafter = SuffixDrafter(anchor=2)
+    drafter = SuffixDrafter(anchor=2, store_min_match=1)
     drafter.bind(target)
     for seq in ([1, 2, 3, 4], [5, 6, 7], [1, 2, 9, 9]):
         drafter.store.add(seq)
     path = tmp_path / "store.json"
     drafter.save_store(path)
-    loaded = SuffixDrafter(anchor=2, store_path=str(path))
+    loaded = SuffixDrafter(anchor=2, store_min_match=1, store_path=str(path))
     loaded.bind(target)
     assert list(loaded.store.sequences.values()) == list(drafter.store.sequences.values())
     assert loaded.speculate([0, 1, 2], 8) == drafter.speculate([0, 1, 2], 8) != []
@@ -269,3 +273,10 @@ def test_store_memory_is_reported_within_its_budget() -> None:
         drafter.learn(torch.tensor([0, *seq]), 1)
         stats = drafter.store_stats()
         assert stats["tokens"] <= stats["budget_tokens"] == 100 and stats["bytes"] > 0
+
+
+def test_the_store_drafts_only_from_long_matches() -> None:
+    drafter = SuffixDrafter(anchor=2, store_min_match=3)
+    drafter.store.add([1, 2, 3, 4])
+    assert drafter.speculate([9, 2, 3], 4) == []  # a 2-token match in another request: no evidence
+    assert [c.token for c in drafter.speculate([1, 2, 3], 4)] == [4]
