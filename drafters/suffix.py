@@ -8,7 +8,9 @@ the matched occurrences are merged into a counted tree; the speculation is its m
 `spec_factor * match length + spec_offset` deep (a long match earns a long draft), from whichever
 index promises more accepted tokens. The number of nodes is the one that maximises expected tokens
 per unit of verify time on the target's measured verify-cost curve, so a hopeless guess is not
-verified at all. `tree=false` proposes the most frequent chain instead of the tree.
+verified at all. The default proposes the most frequent chain through that tree; `tree=true` proposes the
+tree itself (one forward with a tree mask; on the CPU target a tree round costs more than the chain
+curve says, so the chain is the default: benchmarks/RESULTS.md, "Suffix decoding").
 
 The store learns from finished generations (`learn`, called by the decoder after each `generate`,
 by the bench once per prompt) and can be saved to and loaded from a file (`save_store`,
@@ -61,7 +63,7 @@ def nodes_worth_verifying(nodes: Sequence[Candidate], curve: Sequence[float]) ->
 class SuffixDrafter:
     """Suffix-decoding drafter. `specdraft-generate drafter=suffix` (module docstring).
 
-    tree: true = a tree of the most frequent continuations, false = their most frequent chain.
+    tree: false = the most frequent chain, true = a tree of the most frequent continuations.
     anchor: the longest n-gram indexed; max_match: the longest suffix matched (found by extending
         an anchor-long match backwards); max_occurrences: how many of the most recent occurrences
         of the match are counted.
@@ -83,7 +85,7 @@ class SuffixDrafter:
 
     def __init__(
         self,
-        tree: bool = True,
+        tree: bool = False,
         anchor: int = 4,
         max_match: int = 32,
         max_occurrences: int = 32,

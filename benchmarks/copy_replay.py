@@ -1,0 +1,166 @@
+"""Replay model-free drafters on the target's recorded greedy outputs, and the ceiling of copying.
+
+    .venv/bin/python benchmarks/copy_replay.py [--suites repeated general] [--outputs outputs/copy_replay.json]
+
+Step 1 (once, cached in --outputs): the default target's greedy answers to every turn of the suites, in bench
+order (the n-gram drafter makes them; greedy output is the target's own). Step 2, no model: every drafter is
+replayed on those outputs in the same order - each round it proposes, the longest correct prefix (or tree path)
+is accepted, the target's token follows - and a round costs T_v(n) / T_v(0) of the target's measured verify-cost
+curve for its n drafted tokens. The printed numbers are therefore modelled speedups (new tokens per unit of
+verify cost), not wall-clock ones: they show how many rounds each drafter saves, free of machine noise.
+`ceiling` is an oracle that knows the true output: each round it copies, from any earlier occurrence of the
+newest token in this request or any earlier output, the continuation that agrees longest with the truth. No
+drafter that copies what it has seen can save more rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from drafters.ngram import NGramDrafter
+from drafters.suffix import SuffixDrafter
+from specdraft import costs
+from specdraft.bench import Run, answer_text, visible_text
+from specdraft.decode import SpeculativeDecoder
+from specdraft.draft_length import make_draft_length_policy
+from specdraft.models import load_target
+from specdraft.protocol import Draft, DraftContext, Drafter
+from specdraft.sampling import SamplingConfig
+from specdraft.suites import load_suite
+
+
+def record_outputs(suites: list[str], max_new: int) -> list[dict[str, Any]]:
+    """Greedy outputs of every turn of the suites (multi-turn: the earlier answers appended)."""
+    target = load_target("smollm2-135m", device="cpu")
+    tok = target.tokenizer
+    decoder = SpeculativeDecoder(target, NGramDrafter(), num_draft_tokens=4)
+    out = []
+    for suite in suites:
+        for prompt in load_suite(suite):
+            answers: list[str] = []
+            for turn in range(prompt.num_turns):
+                ids = prompt.token_ids(tok, answers)
+                new = decoder.generate(ids, prompt.max_new_tokens or max_new, learn=False).token_ids[0].tolist()
+                out.append({"suite": suite, "id": prompt.turn_id(turn + 1), "category": prompt.category,
+                            "prompt": ids, "output": new})
+                answers.append(answer_text(Run(0.0, new), visible_text(tok), tok, max_new))
+    return out
+
+
+def accepted(draft: Draft, truth: list[int]) -> int:
+    """Greedy acceptance of a chain or tree draft against the true continuation."""
+    toks = draft.token_ids[0].tolist()
+    if draft.parents is None:
+        n = 0
+        while n < min(len(toks), len(truth)) and toks[n] == truth[n]:
+            n += 1
+        return n
+    depth: dict[int, int] = {}
+    for i, (tok, par) in enumerate(zip(toks, draft.parents[0].tolist())):
+        if par < 0 or par in depth:
+            d = 1 if par < 0 else depth[par] + 1
+            if d <= len(truth) and truth[d - 1] == tok:
+                depth[i] = d
+    return max(depth.values(), default=0)
+
+
+def replay(records: list[dict[str, Any]], make: Callable[[], Drafter], curve: list[float], fixed_k: int | None,
+           max_k: int = 8, draft_cost: float = 0.02) -> dict[str, list[float]]:
+    """{category: [new tokens, verify cost]} of one drafter replayed over the records in order."""
+    drafter = make()
+    greedy, gen = SamplingConfig(), torch.Generator()
+    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for r in records:
+        prompt, truth = r["prompt"], r["output"]
+        drafter.reset()
+        policy = make_draft_length_policy(fixed_k if fixed_k else "auto", max_k, curve, draft_cost)
+        committed, pos, cost = list(prompt), 0, 0.0
+        while pos < len(truth):
+            k = policy.choose(len(truth) - pos - 1)
+            n = acc = 0
+            if k > 0:
+                draft = drafter.propose(DraftContext(torch.tensor([committed]), None, greedy, gen), k)
+                n, acc = draft.num_tokens, accepted(draft, truth[pos:])
+            emitted = truth[pos : pos + acc + 1]
+            committed += emitted
+            pos += len(emitted)
+            drafter.commit(DraftContext(torch.tensor([committed]), None, greedy, gen), acc)
+            policy.observe(n, acc)
+            cost += curve[n] + draft_cost * n
+        drafter.learn(torch.tensor(prompt + truth), len(prompt))
+        for key in (r["category"], "overall"):
+            totals[key][0] += len(truth)
+            totals[key][1] += cost
+    return totals
+
+
+def ceiling(records: list[dict[str, Any]], curve: list[float], max_k: int = 8) -> dict[str, list[float]]:
+    """The copying oracle of the module docstring, with the same cost model."""
+    history: list[list[int]] = []
+    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for r in records:
+        truth, context, pos, cost = r["output"], list(r["prompt"]), 0, 0.0
+        while pos < len(truth):
+            k = min(max_k, len(truth) - pos - 1)
+            best = 0
+            want = truth[pos : pos + k]
+            for seq in [*history, context]:
+                for i in range(len(seq) - 1):
+                    if seq[i] == context[-1]:
+                        n = 0
+                        while n < k and i + 1 + n < len(seq) and seq[i + 1 + n] == want[n]:
+                            n += 1
+                        best = max(best, n)
+            cost += curve[best]  # the oracle drafts exactly what will be accepted
+            context += truth[pos : pos + best + 1]
+            pos += best + 1
+        history.append(truth)
+        for key in (r["category"], "overall"):
+            totals[key][0] += len(truth)
+            totals[key][1] += cost
+    return totals
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--suites", nargs="+", default=["repeated", "general"])
+    ap.add_argument("--outputs", type=Path, default=Path("outputs/copy_replay.json"))
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    if not args.outputs.is_file():
+        args.outputs.parent.mkdir(parents=True, exist_ok=True)
+        args.outputs.write_text(json.dumps(record_outputs(args.suites, args.max_new_tokens)))
+    records = json.loads(args.outputs.read_text())
+    target = load_target("smollm2-135m", device="cpu")
+    raw = costs.verify_curve(target, 32)
+    curve = [max(raw[: i + 1]) for i in range(len(raw))]  # non-decreasing, as the K policy takes it
+    rows = {
+        "ngram (auto)": replay(records, NGramDrafter, curve, None),
+        "suffix": replay(records, SuffixDrafter, curve, 8),  # it sizes its own drafts: offered 8 every round
+        "suffix_tree": replay(records, lambda: SuffixDrafter(tree=True), curve, 8),
+        "suffix_cold": replay(records, lambda: SuffixDrafter(store_tokens=0), curve, 8),
+        "ceiling (copying oracle)": ceiling(records, curve),
+    }
+    base = rows["ngram (auto)"]
+    cats = ["overall", *sorted(c for c in base if c != "overall")]
+    print("modelled speedup over AR (new tokens / verify cost in T_v(0) units), and / ngram\n")
+    print("| method | " + " | ".join(cats) + " |")
+    print("|---|" + "---|" * len(cats))
+    for name, tot in rows.items():
+        cells = []
+        for c in cats:
+            speed = tot[c][0] / tot[c][1]
+            cells.append(f"{speed:.2f}" if name.startswith("ngram") else f"{speed:.2f} ({speed / (base[c][0] / base[c][1]):.2f})")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
