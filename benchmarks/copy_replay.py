@@ -34,6 +34,7 @@ from specdraft.models import load_target
 from specdraft.protocol import Draft, DraftContext, Drafter
 from specdraft.sampling import SamplingConfig
 from specdraft.suites import load_suite
+from specdraft.target import TargetModel
 
 
 def record_outputs(suites: list[str], max_new: int) -> list[dict[str, Any]]:
@@ -71,10 +72,12 @@ def accepted(draft: Draft, truth: list[int]) -> int:
     return max(depth.values(), default=0)
 
 
-def replay(records: list[dict[str, Any]], make: Callable[[], Drafter], curve: list[float], fixed_k: int | None,
-           max_k: int = 8, draft_cost: float = 0.02) -> dict[str, list[float]]:
-    """{category: [new tokens, verify cost]} of one drafter replayed over the records in order."""
+def replay(records: list[dict[str, Any]], make: Callable[[], Drafter], target: TargetModel, curve: list[float],
+           fixed_k: int | None, max_k: int = 8, draft_cost: float = 0.02) -> dict[str, list[float]]:
+    """{category: [new tokens, verify cost]} of one drafter (bound to `target`, whose forward is
+    never run) replayed over the records in order."""
     drafter = make()
+    drafter.bind(target)
     greedy, gen = SamplingConfig(), torch.Generator()
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for r in records:
@@ -143,10 +146,10 @@ def main() -> None:
     raw = costs.verify_curve(target, 32)
     curve = [max(raw[: i + 1]) for i in range(len(raw))]  # non-decreasing, as the K policy takes it
     rows = {
-        "ngram (auto)": replay(records, NGramDrafter, curve, None),
-        "suffix": replay(records, SuffixDrafter, curve, 8),  # it sizes its own drafts: offered 8 every round
-        "suffix_tree": replay(records, lambda: SuffixDrafter(tree=True), curve, 8),
-        "suffix_cold": replay(records, lambda: SuffixDrafter(store_tokens=0), curve, 8),
+        "ngram (auto)": replay(records, NGramDrafter, target, curve, None),
+        "suffix": replay(records, SuffixDrafter, target, curve, 8),  # it sizes its own drafts: offered 8 every round
+        "suffix_tree": replay(records, lambda: SuffixDrafter(tree=True), target, curve, 8),
+        "suffix_cold": replay(records, lambda: SuffixDrafter(store_tokens=0), target, curve, 8),
         "ceiling (copying oracle)": ceiling(records, curve),
     }
     base = rows["ngram (auto)"]

@@ -70,8 +70,9 @@ class SuffixDrafter:
     spec_factor, spec_offset: a match of m tokens drafts at most spec_factor * m + spec_offset
         tokens deep.
     min_prob: the least probability a candidate needs to be drafted.
-    store_tokens: the global store's budget in tokens (oldest requests evicted first); 0 = no
-        store (only the current request is searched).
+    store_tokens: the global store's budget in tokens (oldest requests evicted first; a few
+        hundred bytes per token in CPython, `store_stats`); 0 = no store (only the current request is
+        searched).
     store_min_match: the shortest match the store may draft from: earlier requests are only
         evidence when they share a long context (a short match there drafts other requests' words
         and, worse, teaches the K policy that drafting does not pay).
@@ -92,7 +93,7 @@ class SuffixDrafter:
         spec_factor: float = 1.0,
         spec_offset: float = 1.0,
         min_prob: float = 0.1,
-        store_tokens: int = 1_000_000,
+        store_tokens: int = 200_000,
         store_min_match: int = 4,
         store_path: str | None = None,
     ) -> None:

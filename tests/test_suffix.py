@@ -280,3 +280,19 @@ def test_the_store_drafts_only_from_long_matches() -> None:
     drafter.store.add([1, 2, 3, 4])
     assert drafter.speculate([9, 2, 3], 4) == []  # a 2-token match in another request: no evidence
     assert [c.token for c in drafter.speculate([1, 2, 3], 4)] == [4]
+
+
+def test_the_memory_estimate_follows_what_python_allocates() -> None:
+    import tracemalloc
+
+    rng = random.Random(1)
+    seqs = random_seqs(rng, 200, 3000, lo=50, hi=150)
+    tracemalloc.start()
+    try:
+        index = SuffixIndex(4)
+        for seq in seqs:
+            index.add(seq)
+        measured, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert 0.6 < index.memory_bytes() / measured < 1.5
