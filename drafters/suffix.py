@@ -231,8 +231,10 @@ class SuffixDrafter:
             record = json.loads(file.read_text())
         except (OSError, json.JSONDecodeError) as err:
             raise ValueError(f"store_path={path}: not a readable JSON store ({err}).") from err
-        if not isinstance(record, dict) or record.get("format") != STORE_FORMAT or record.get("version") != STORE_VERSION:
-            raise ValueError(f"store_path={path}: not a {STORE_FORMAT} file of version {STORE_VERSION}.")
+        if (not isinstance(record, dict) or record.get("format") != STORE_FORMAT or record.get("version") != STORE_VERSION
+                or not isinstance(record.get("sequences"), list) or not isinstance(record.get("vocab_size"), int)):
+            raise ValueError(f"store_path={path}: not a {STORE_FORMAT} file of version {STORE_VERSION} "
+                             "(with `sequences` and `vocab_size`); write it with SuffixDrafter.save_store.")
         for seq in record["sequences"]:
             self.store.add([int(t) for t in seq])
         self._store_vocab = int(record["vocab_size"])

@@ -91,6 +91,9 @@ class SuffixIndex:
         """Append tokens to sequence `seq` and index every gram that ends before its last token
         (a gram ending at the last token has no continuation yet). Evicts to stay in budget."""
         toks = self.sequences[seq]
+        if self.max_tokens is not None and seq != self._next_id - 1:
+            raise ValueError("a bounded index grows only its newest sequence (eviction keeps the oldest's "
+                             "occurrences first); add finished sequences with add().")
         if self.max_tokens is not None and len(tokens) > self.max_tokens:
             tokens = tokens[len(tokens) - self.max_tokens :]
         toks.extend(int(t) for t in tokens)
