@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 
@@ -103,15 +103,19 @@ class SuffixIndex:
 
     def _index(self, seq: int, upto: int) -> None:
         """Index the grams of `seq` ending at positions [indexed, upto)."""
-        toks, occ, anchor = self.sequences[seq], self._occurrences, self.anchor
-        for end in range(self._indexed[seq], upto):
-            for n in range(1, min(anchor, end + 1) + 1):
-                gram = tuple(toks[end - n + 1 : end + 1])
-                places = occ.get(gram)
-                if places is None:
-                    occ[gram] = places = deque()
-                places.append((seq, end))
+        occ = self._occurrences
+        for end, gram in self._grams(self.sequences[seq], self._indexed[seq], upto):
+            places = occ.get(gram)
+            if places is None:
+                occ[gram] = places = deque()
+            places.append((seq, end))
         self._indexed[seq] = max(self._indexed[seq], upto)
+
+    def _grams(self, toks: list[int], start: int, stop: int) -> Iterator[tuple[int, tuple[int, ...]]]:
+        """(end, gram) for every gram of 1..anchor tokens of `toks` ending at positions [start, stop)."""
+        for end in range(start, stop):
+            for n in range(1, min(self.anchor, end + 1) + 1):
+                yield end, tuple(toks[end - n + 1 : end + 1])
 
     def _evict(self, keep: int) -> None:
         """Drop the oldest sequences (never `keep`, the one being written) while over budget."""
@@ -129,13 +133,11 @@ class SuffixIndex:
         toks = self.sequences.pop(seq)
         indexed = self._indexed.pop(seq)
         self.num_tokens -= len(toks)
-        for end in range(indexed):
-            for n in range(1, min(self.anchor, end + 1) + 1):
-                gram = tuple(toks[end - n + 1 : end + 1])
-                places = self._occurrences[gram]
-                places.popleft()
-                if not places:
-                    del self._occurrences[gram]
+        for _, gram in self._grams(toks, 0, indexed):
+            places = self._occurrences[gram]
+            places.popleft()
+            if not places:
+                del self._occurrences[gram]
 
     def _drop_head(self, seq: int, count: int) -> None:
         """Re-index `seq` without its first `count` tokens (only when it alone exceeds the budget)."""
