@@ -35,6 +35,8 @@ from specdraft.protocol import Draft, DraftContext, Drafter
 from specdraft.sampling import SamplingConfig
 from specdraft.suites import load_suite
 from specdraft.target import TargetModel
+from specdraft.tree import greedy_verify_tree, tree_depths
+from specdraft.verify import greedy_verify
 
 
 def record_outputs(suites: list[str], max_new: int) -> list[dict[str, Any]]:
@@ -55,21 +57,17 @@ def record_outputs(suites: list[str], max_new: int) -> list[dict[str, Any]]:
     return out
 
 
-def accepted(draft: Draft, truth: list[int]) -> int:
-    """Greedy acceptance of a chain or tree draft against the true continuation."""
-    toks = draft.token_ids[0].tolist()
+def accepted(draft: Draft, truth: list[int], vocab: int) -> int:
+    """Draft tokens the decoder's own greedy verifier keeps (chain or tree) when the target's argmax
+    after every position is the true continuation (one-hot logits [1, N+1, V] built from it)."""
+    n = draft.num_tokens
+    # row r of [newest] + nodes must argmax to the truth at its depth (a chain: depth r)
+    depths = list(range(n + 1)) if draft.parents is None else [0, *tree_depths(draft.parents[0].tolist())]
+    logits = torch.zeros((1, n + 1, vocab))
+    logits[0, torch.arange(n + 1), torch.tensor([truth[d] for d in depths])] = 1.0
     if draft.parents is None:
-        n = 0
-        while n < min(len(toks), len(truth)) and toks[n] == truth[n]:
-            n += 1
-        return n
-    depth: dict[int, int] = {}
-    for i, (tok, par) in enumerate(zip(toks, draft.parents[0].tolist())):
-        if par < 0 or par in depth:
-            d = 1 if par < 0 else depth[par] + 1
-            if d <= len(truth) and truth[d - 1] == tok:
-                depth[i] = d
-    return max(depth.values(), default=0)
+        return int(greedy_verify(draft.token_ids, logits).num_accepted[0])
+    return len(greedy_verify_tree(draft.token_ids, draft.parents, logits).path)
 
 
 def replay(records: list[dict[str, Any]], make: Callable[[], Drafter], target: TargetModel, curve: list[float],
@@ -90,7 +88,7 @@ def replay(records: list[dict[str, Any]], make: Callable[[], Drafter], target: T
             n = acc = 0
             if k > 0:
                 draft = drafter.propose(DraftContext(torch.tensor([committed]), None, greedy, gen), k)
-                n, acc = draft.num_tokens, accepted(draft, truth[pos:])
+                n, acc = draft.num_tokens, accepted(draft, truth[pos:], target.vocab_size)
             emitted = truth[pos : pos + acc + 1]
             committed += emitted
             pos += len(emitted)
