@@ -6,6 +6,9 @@ thing everywhere.
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+from types import ModuleType
 from typing import Any, ClassVar
 
 import numpy as np
@@ -19,9 +22,18 @@ from specdraft.sampling import SamplingConfig, draw, warp
 from specdraft.target import TargetModel
 
 __all__ = [  # plain_greedy and pooled_chisquare are re-exported: one definition for every test
-    "RecomputeDrafter", "exact_two_token_distribution", "next_token_probs", "plain_greedy",
+    "RecomputeDrafter", "exact_two_token_distribution", "load_script", "next_token_probs", "plain_greedy",
     "pooled_chisquare", "sample_two_tokens",
 ]
+
+
+def load_script(path: Path) -> ModuleType:
+    """A script that is not part of the package (benchmarks/*.py), imported as a module."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @torch.inference_mode()

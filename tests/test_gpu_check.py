@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
+
+from tests.helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_gpu_check_runs_on_cpu(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
-    assert spec is not None and spec.loader is not None
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
+    gpu_check = load_script(ROOT / "benchmarks" / "gpu_check.py")
     rc = gpu_check.main([
         "--device", "cpu", "--target", "tiny_random", "--drafters", "ngram", "quantized",
         "--prompts", "1", "--max-new-tokens", "8", "--max-k", "3", "--context", "32", "--reps", "1",

@@ -3,7 +3,6 @@ question format), tokenization, malformed-line errors."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
 import sys
@@ -22,6 +21,7 @@ from specdraft.suites import (
     categories,
     load_suite,
 )
+from tests.helpers import load_script
 
 REQUIRED_CATEGORIES = {"code_edit", "code_write", "summarize", "qa", "chat", "math"}
 GENERATOR = Path(__file__).resolve().parents[1] / "benchmarks" / "make_builtin_suite.py"
@@ -73,10 +73,7 @@ def test_quick_is_a_subset_of_builtin_with_two_per_category() -> None:
     not GENERATOR.is_file(), reason="benchmarks/ is not part of an installed package"
 )
 def test_generator_reproduces_the_committed_suites(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("make_builtin_suite", GENERATOR)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(GENERATOR)
     if ".".join(map(str, sys.version_info[:3])) != module.GENERATED_WITH:
         pytest.skip(f"the suite's stdlib texts were taken from Python {module.GENERATED_WITH}")
     made = module.builtin_suite()
@@ -254,11 +251,7 @@ def test_the_general_suite_has_its_categories_and_long_contexts() -> None:
     >= 1000 and retrieval prompts of >= 1500 first-turn tokens."""
     from specdraft.models import load_tokenizer
 
-    path = Path(__file__).parents[1] / "benchmarks" / "check_general_suite.py"
-    spec = importlib.util.spec_from_file_location("check_general_suite", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(Path(__file__).parents[1] / "benchmarks" / "check_general_suite.py")
     table, problems = module.check(module.DEFAULT_SUITE, load_tokenizer("smollm2-135m"))
     assert not problems and len(table) == 2 + len(module.CATEGORIES)
     assert {p.category for p in load_suite("general")} == set(module.CATEGORIES)
