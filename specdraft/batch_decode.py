@@ -17,21 +17,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from specdraft.ragged import padding_mask
 from specdraft.sampling import SamplingConfig, draw, warp
 from specdraft.target import TargetModel
-
-
-def padding_mask(valid: Tensor, queries: int, dtype: torch.dtype) -> Tensor:
-    """Additive mask [B, 1, queries, S] for the last `queries` of S positions, valid [B, S] bool:
-    0 where a query may look (a valid key at or before it, and always itself, so a padding query's
-    softmax is never empty), -inf elsewhere."""
-    s = valid.shape[1]
-    q_pos = torch.arange(s - queries, s, device=valid.device)  # [q]
-    k_pos = torch.arange(s, device=valid.device)  # [S]
-    allowed = (k_pos[None, :] <= q_pos[:, None])[None] & valid[:, None, :]  # [B, q, S]
-    allowed |= (k_pos[None, :] == q_pos[:, None])[None]
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=valid.device).masked_fill(~allowed, float("-inf"))
-    return mask[:, None]  # [B, 1, q, S]
 
 
 @torch.inference_mode()

@@ -4,7 +4,11 @@ model instance (`verify_curve`) through a disk cache per model and device. The K
 and the forward stack, so it is measured, never a constant.
 
 T_v(k) is the target forward that scores k draft tokens, i.e. k + 1 new positions, after a cached
-context; the curve is the same measurement as benchmarks/verify_cost.py, shortened. Nothing here runs
+context; the curve is the same measurement as benchmarks/verify_cost.py, shortened. A batch of b
+rows has its own curve T_v(b, k) / T_v(b, 0) (every row scores k + 1 positions): as b grows the
+forward turns from reading weights to multiplying them, so k extra positions per row stop being
+free. Curves are measured per batch-size bucket (`batch_bucket`: 1, 2, 4, 8, ...) and a batch of b
+rows reads its bucket's curve. Nothing here runs
 at import or when a decoder or drafter is built: callers ask for the curve when they need it.
 The same cache keeps the drafters' measured cost per drafted token (`cached_value`, written by
 `SpeculativeDecoder`), so `num_draft_tokens=auto` chooses the same K on every run of one machine.
@@ -50,11 +54,23 @@ def cost_key(target: TargetModel) -> str:
     return "|".join(parts)
 
 
+def batch_bucket(batch_size: int) -> int:
+    """The batch size whose verify curve a batch of `batch_size` rows reads: the next power of two."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
+    return 1 << (batch_size - 1).bit_length()
+
+
+def batch_buckets(batch_size: int) -> list[int]:
+    """Every bucket a batch of `batch_size` rows passes through as its rows finish: 1, 2, .., its own."""
+    return [1 << i for i in range(batch_bucket(batch_size).bit_length())]
+
+
 def time_forwards(
     targets: dict[str, TargetModel], ids: Tensor, context: int, positions: Sequence[int], reps: int
 ) -> dict[tuple[str, int], list[float]]:
     """Seconds of one forward over k new positions (k in `positions`) after `context` cached
-    positions of ids [1, T], per target: `reps` timed sweeps after one untimed warm-up sweep,
+    positions of ids [B, T] (every row), per target: `reps` timed sweeps after one untimed warm-up sweep,
     interleaved over k and targets so drift hits all alike; the cache is cropped back after every
     forward (as after a fully rejected draft). Synchronises CUDA around each timing. Used by the
     cost model and by benchmarks/verify_cost.py and gpu_check.py."""
@@ -81,33 +97,41 @@ def cuda_sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure_verify_curve(target: TargetModel, max_k: int, context: int = 256, reps: int = 3) -> list[float]:
-    """[T_v(0), ..., T_v(max_k)] / T_v(0): medians of `time_forwards` over k + 1 positions after
-    `context` cached positions (fewer if the model's context is short). Leaves the cache empty."""
+def measure_verify_curve(target: TargetModel, max_k: int, context: int = 256, reps: int = 3,
+                         batch_size: int = 1) -> list[float]:
+    """[T_v(0), ..., T_v(max_k)] / T_v(0): medians of `time_forwards` over k + 1 positions per row
+    of `batch_size` rows after `context` cached positions (fewer if the model's context is short).
+    Leaves the cache empty."""
     context = max(1, min(context, target.max_context - max_k - 2))
-    ids = (torch.arange(context + max_k + 1) * 7919 % target.vocab_size)[None].to(target.device)  # [1, T]
+    steps = torch.arange(context + max_k + 1)[None] + 101 * torch.arange(batch_size)[:, None]  # [B, T]
+    ids = (steps * 7919 % target.vocab_size).to(target.device)  # [B, T]: rows differ
     times = time_forwards({"target": target}, ids, context, range(1, max_k + 2), reps)
     target.reset()
     medians = [statistics.median(times["target", k + 1]) for k in range(max_k + 1)]
     return [m / medians[0] for m in medians]
 
 
-def verify_curve(target: TargetModel, max_k: int) -> list[float]:
-    """[T_v(0), ..., T_v(max_k)] / T_v(0) for this target: the one verify-cost model that the K
-    policy, the tree sizing and the bench all use. Measured lazily, at most once per process and
-    model instance (kept on `target.verify_costs`), through the on-disk cache."""
-    if len(target.verify_costs) <= max_k:
-        target.verify_costs = cached_verify_curve(target, max_k)
-    return list(target.verify_costs[: max_k + 1])
+def verify_curve(target: TargetModel, max_k: int, batch_size: int = 1) -> list[float]:
+    """[T_v(0), ..., T_v(max_k)] / T_v(0) for this target at `batch_size` rows (its bucket's curve):
+    the one verify-cost model that the K policy, the tree sizing and the bench all use. Measured
+    lazily, at most once per process, model instance and bucket (kept on `target.verify_costs`),
+    through the on-disk cache."""
+    bucket = batch_bucket(batch_size)
+    if len(target.verify_costs.get(bucket, [])) <= max_k:
+        target.verify_costs[bucket] = cached_verify_curve(target, max_k, bucket)
+    return list(target.verify_costs[bucket][: max_k + 1])
 
 
-def cached_verify_curve(target: TargetModel, max_k: int) -> list[float]:
-    """The curve for this target from the on-disk cache, measured (and stored) if missing."""
+def cached_verify_curve(target: TargetModel, max_k: int, batch_size: int = 1) -> list[float]:
+    """The curve for this target and batch bucket from the on-disk cache, measured (and stored) if
+    missing."""
 
     def usable(curve: Any) -> bool:
         return isinstance(curve, list) and len(curve) > max_k
 
-    curve = cached_value(f"verify_curve|{cost_key(target)}", lambda: measure_verify_curve(target, max_k), usable)
+    bucket = batch_bucket(batch_size)
+    key = f"verify_curve|{cost_key(target)}" + (f"|batch={bucket}" if bucket > 1 else "")
+    curve = cached_value(key, lambda: measure_verify_curve(target, max_k, batch_size=bucket), usable)
     return [float(c) for c in curve[: max_k + 1]]
 
 

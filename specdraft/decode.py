@@ -13,7 +13,7 @@ so speedups compare like with like.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +29,7 @@ from specdraft.draft_length import (
 )
 from specdraft.protocol import Draft, DraftContext, Drafter
 from specdraft.sampling import SamplingConfig, warp
-from specdraft.stats import GenerationStats
+from specdraft.stats import BatchStats, GenerationStats
 from specdraft.target import TargetModel
 from specdraft.tree import tree_accept, tree_score
 from specdraft.verify import VerifyResult, greedy_verify, rejection_sample
@@ -39,8 +39,26 @@ from specdraft.verify import VerifyResult, greedy_verify, rejection_sample
 class GenerationResult:
     """New tokens (prompt excluded) and what the generation measured."""
 
-    token_ids: Tensor  # [B, N] int64 on CPU
+    token_ids: Tensor  # [1, N] int64 on CPU
     stats: GenerationStats
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """What `generate_batch` returns: one result per prompt, in order, and the batch's stats.
+    Iterates and indexes like the list of results."""
+
+    results: list[GenerationResult]
+    stats: BatchStats
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    def __getitem__(self, i: int) -> GenerationResult:
+        return self.results[i]
+
+    def __iter__(self) -> Iterator[GenerationResult]:
+        return iter(self.results)
 
 
 class SpeculativeDecoder:
@@ -113,21 +131,25 @@ class SpeculativeDecoder:
         self.sampler = sampler
         self.keep_policy = keep_policy
         self._kept_policy: DraftLengthPolicy | None = None
+        self._kept_bucket = 0  # the largest batch-size bucket the kept policy has costs for
         self._measured_draft_cost: dict[bool, float] = {}  # greedy? -> draft cost, once per decoder
         if drafter is not None:
             drafter.bind(target)
 
     # ------------------------------------------------------------------------------- public
-    def new_policy(self, sampling: SamplingConfig | None = None) -> DraftLengthPolicy:
+    def new_policy(self, sampling: SamplingConfig | None = None, batch_size: int = 1) -> DraftLengthPolicy:
         """A fresh K policy for this decoder's setting; for "auto" this reads the target's verify
-        curve and the drafter's cost under `sampling` (measured here the first time)."""
+        curves (at every batch-size bucket up to `batch_size`'s) and the drafter's cost under
+        `sampling` (measured here the first time)."""
         if self.num_draft_tokens != "auto":
             return make_draft_length_policy(self.num_draft_tokens)
         if self._sizes_own_drafts():  # its own cost model picks each round's length, up to the cap
             return make_draft_length_policy(self.max_draft_tokens)
         curve = self.verify_curve or costs.verify_curve(self.target, self.max_draft_tokens)
         draft_cost = self.draft_cost_per_token(sampling or self.sampling)
-        return make_draft_length_policy("auto", self.max_draft_tokens, curve, draft_cost)
+        batch_curves = {b: costs.verify_curve(self.target, self.max_draft_tokens, batch_size=b)
+                        for b in costs.batch_buckets(batch_size)[1:]}
+        return make_draft_length_policy("auto", self.max_draft_tokens, curve, draft_cost, batch_curves)
 
     def draft_cost_per_token(self, sampling: SamplingConfig) -> float:
         """The drafter's seconds per drafted token / seconds of one target step, under `sampling`'s
@@ -163,14 +185,47 @@ class SpeculativeDecoder:
         this call only. learn: let the drafter remember this generation for later requests
         (`Drafter.learn`; only suffix decoding keeps anything); the bench passes False and calls
         `learn` itself once per prompt, so repeated timings of one prompt see the same store.
+        For many prompts at once use `generate_batch`.
         """
-        prompt = self._check_inputs(prompt_ids, max_new_tokens)  # [1, T] on CPU
+        prompt = torch.as_tensor(prompt_ids, dtype=torch.long).cpu()
+        if prompt.dim() == 2 and prompt.shape[0] == 1:
+            prompt = prompt[0]
+        if prompt.dim() != 1:
+            raise ValueError(
+                f"prompt_ids must have shape [T] or [1, T], got {tuple(prompt.shape)}; decode several "
+                "prompts at once with generate_batch."
+            )
+        return self.generate_batch([prompt], max_new_tokens, stop_token_ids, sampling, learn).results[0]
+
+    def generate_batch(
+        self,
+        prompts: Sequence[Tensor | Sequence[int]],
+        max_new_tokens: int,
+        stop_token_ids: Sequence[int] | None = None,
+        sampling: SamplingConfig | None = None,
+        learn: bool = True,
+    ) -> BatchResult:
+        """Generate up to `max_new_tokens` tokens after each of `prompts` (token ids [T_i] each, of
+        any lengths) in one batch: one target forward per round scores every live row's newest
+        token and draft, each row accepts its own number of tokens and stops on its own stop token
+        or budget, and finished rows leave the batch. Returns one `GenerationResult` per prompt,
+        in order (each row's stats; its total_s is its latency), and the batch's `BatchStats`.
+        With greedy decoding every row is exactly its prompt's `generate` output. Sampled rows
+        share one random generator, so they are equal to `generate`'s in distribution only.
+        """
+        batch = self._check_inputs(prompts, max_new_tokens)  # [T_i] each, on CPU
+        if len(batch) > 1 and self.drafter is not None and not type(self.drafter).batched:
+            raise ValueError(
+                f"{type(self.drafter).__name__} drafts for one sequence at a time (batched = False); "
+                "decode its prompts one by one with generate, or choose a drafter that batches."
+            )
         stop = set(self.target.eos_token_ids if stop_token_ids is None else stop_token_ids)
         sampling = sampling or self.sampling
-        self._measure_costs(sampling)  # before the clock starts: a first measurement is not this call's time
-        result = self._run(prompt, max_new_tokens, stop, sampling, self._policy(sampling))
+        self._measure_costs(sampling, len(batch))  # before the clock starts: not this call's time
+        result = self._run(batch, max_new_tokens, stop, sampling, self._policy(sampling, len(batch)))
         if learn:
-            self.learn(prompt[0], result.token_ids[0])
+            for prompt, row in zip(batch, result.results):
+                self.learn(prompt, row.token_ids[0])
         return result
 
     def learn(self, prompt_ids: Tensor | Sequence[int], new_token_ids: Tensor | Sequence[int]) -> dict[str, Any]:
@@ -184,43 +239,59 @@ class SpeculativeDecoder:
 
     # ------------------------------------------------------------------------------- steps
     def _run(
-        self, prompt: Tensor, max_new_tokens: int, stop: set[int], sampling: SamplingConfig,
+        self, prompts: list[Tensor], max_new_tokens: int, stop: set[int], sampling: SamplingConfig,
         policy: DraftLengthPolicy,
-    ) -> GenerationResult:
-        """The decoding loop for a checked prompt [1, T] (see the module docstring)."""
+    ) -> BatchResult:
+        """The decoding loop for checked prompts [T_i] (see the module docstring). Row i's tokens
+        live in buf[i, starts[i]:ends[i]]: prompts are left padded to the longest, so a batch of
+        equal prompts (and batch size 1) keeps one common end and contexts are views."""
         needs_hidden = bool(self.drafter is not None and self.drafter.needs_target_hidden)
         device = self.target.device
         gen = sampling.make_generator("cpu")
-        stats = GenerationStats(prompt_tokens=prompt.shape[1])
+        stats = [GenerationStats(prompt_tokens=len(p)) for p in prompts]
+        batch_stats = BatchStats(batch_size=len(prompts))
         t_start = time.perf_counter()
 
-        # Committed tokens live in one preallocated buffer; contexts are views of it.
-        n = prompt.shape[1]
-        buf = torch.empty((1, n + max_new_tokens), dtype=torch.long, device=device)  # [1, T+N]
-        buf[:, :n] = prompt.to(device)
+        width = max(len(p) for p in prompts)
+        buf = torch.zeros((len(prompts), width + max_new_tokens), dtype=torch.long, device=device)  # [B, P+N]
+        starts = [width - len(p) for p in prompts]
+        ends = [width] * len(prompts)
+        for i, p in enumerate(prompts):
+            buf[i, starts[i] : width] = p.to(device)
         self.target.reset()
         if self.drafter is not None:
             self.drafter.reset()
         hidden = None
-        if n > 1:  # prefill everything but the newest token, which opens the first round
-            out = self.target.forward(buf[:, : n - 1], num_logits=0)
-            hidden = out.hidden[:, -1] if needs_hidden else None  # [1, H]
-        stats.prefill_s = time.perf_counter() - t_start
+        if width > 1:  # prefill everything but each row's newest token, which opens the first round
+            valid = None
+            if any(starts):  # ragged prompts: the padding is masked and has no position
+                valid = torch.arange(width - 1)[None] >= torch.tensor(starts)[:, None]  # [B, P-1]
+            out = self.target.forward(buf[:, : width - 1], num_logits=0, valid=valid)
+            hidden = out.hidden[:, -1] if needs_hidden else None  # [B, H]
+        batch_stats.prefill_s = time.perf_counter() - t_start
+        for row in stats:
+            row.prefill_s = batch_stats.prefill_s
 
-        generated, done = 0, max_new_tokens == 0
-        while not done:
-            ctx = DraftContext(buf[:, :n], hidden, sampling, gen)
-            k_max = policy.choose(max_new_tokens - generated - 1)
+        live = list(range(len(prompts)))  # the rows still generating, in the target's cache order
+        generated = [0] * len(prompts)
+        ctx = _context(buf, starts, ends, live, hidden, sampling, gen)
+        while live and max_new_tokens > 0:
+            b = len(live)
+            lengths = ctx.row_lengths()
+            k_max = policy.choose(max(max_new_tokens - generated[i] for i in live) - 1, batch_size=b)
 
             t0 = time.perf_counter()
             draft = self._propose(ctx, k_max, device)
             t1 = time.perf_counter()
             k = draft.num_tokens
-            inputs = torch.cat([buf[:, n - 1 : n], draft.token_ids], dim=1)  # [1, K+1]
-            if draft.parents is None:
-                out = self.target.forward(inputs)  # logits [1, K+1, V]
-            else:  # a candidate tree: one forward with the tree mask
+            inputs = torch.cat([ctx.token_ids[:, -1:], draft.token_ids], dim=1)  # [b, K+1]
+            if draft.parents is not None:  # a candidate tree (batch size 1): one forward with the tree mask
                 out = tree_score(self.target, inputs, draft)
+            elif draft.lengths is None:
+                out = self.target.forward(inputs)  # logits [b, K+1, V]
+            else:  # rows drafted different numbers of tokens: the padding is masked
+                real = torch.arange(k + 1, device=device)[None] <= draft.lengths.to(device)[:, None]  # [b, K+1]
+                out = self.target.forward(inputs, valid=real)
             t2 = time.perf_counter()
             draft_s = t1 - t0
 
@@ -228,38 +299,73 @@ class SpeculativeDecoder:
                 result = self._verify(draft, out.logits, sampling, gen)
             else:  # verify the tree; the cache keeps the accepted path, returned as a chain
                 draft, out, result = tree_accept(self.target, draft, out, sampling, gen)
-            # One host sync per round: accepted count, draft and next token together.
-            host = torch.cat([result.num_accepted, draft.token_ids[0], result.next_token]).tolist()
-            num_accepted = host[0]
-            emitted = host[1 : 1 + num_accepted] + [host[-1]]
-            for i, tok in enumerate(emitted):
-                if tok in stop:
-                    emitted, done = emitted[: i + 1], True
-                    break
-            buf[0, n : n + len(emitted)] = torch.tensor(emitted, device=device)
-            self.target.crop(n + num_accepted)  # cache: committed prefix + accepted draft
-            n += len(emitted)
-            generated += len(emitted)
-            done = done or generated >= max_new_tokens
+            # One host sync per round: accepted counts, next tokens, drafts (and their lengths).
+            parts = [result.num_accepted, result.next_token, draft.token_ids.reshape(-1)]
+            if draft.lengths is not None:
+                parts.append(draft.lengths.to(device))
+            host = torch.cat([t.to(device) for t in parts]).tolist()
+            accepted, nxt = host[:b], host[b : 2 * b]
+            drafts = [host[2 * b + j * k : 2 * b + (j + 1) * k] for j in range(b)]
+            drafted = host[2 * b + b * k :] if draft.lengths is not None else [k] * b
+            finished = []
+            for j, i in enumerate(live):
+                emitted = drafts[j][: accepted[j]] + [nxt[j]]
+                stopped = next((m for m, tok in enumerate(emitted) if tok in stop), None)
+                if stopped is not None:
+                    emitted = emitted[: stopped + 1]
+                emitted = emitted[: max_new_tokens - generated[i]]
+                buf[i, ends[i] : ends[i] + len(emitted)] = torch.tensor(emitted, device=device)
+                ends[i] += len(emitted)
+                generated[i] += len(emitted)
+                if stopped is not None or generated[i] >= max_new_tokens:
+                    finished.append(j)
+                stats[i].record_round(drafted[j], accepted[j], len(emitted), draft_s, t2 - t1)
+                policy.observe(drafted[j], accepted[j])  # never a time: K must not depend on the clock
+            # cache: each row's committed prefix + its accepted draft
+            self.target.crop(lengths[0] + accepted[0] if b == 1 else [n + a for n, a in zip(lengths, accepted)])
             if needs_hidden:
-                hidden = out.hidden[:, num_accepted]  # [1, H] produced the new newest token
+                hidden = out.hidden[torch.arange(b, device=device), torch.tensor(accepted, device=device)]  # [b, H]
+            batch_stats.rounds += 1
+            batch_stats.drafted_per_round.append(k)
+            batch_stats.live_rows_per_round.append(b)
 
-            if self.drafter is not None and not done:
+            if finished:  # finished rows leave the batch: later forwards cost nothing for them
+                now = time.perf_counter()
+                for j in finished:
+                    stats[live[j]].total_s = now - t_start
+                keep = [j for j in range(b) if j not in finished]
+                if keep:
+                    self.target.keep_rows(keep)
+                    if self.drafter is not None:
+                        self.drafter.keep_rows(keep)
+                    hidden = None if hidden is None else hidden[torch.tensor(keep, device=device)]
+                live, accepted = [live[j] for j in keep], [accepted[j] for j in keep]
+            if not live:
+                break
+            ctx = _context(buf, starts, ends, live, hidden, sampling, gen)
+            if self.drafter is not None:
                 t3 = time.perf_counter()
-                self.drafter.commit(DraftContext(buf[:, :n], hidden, sampling, gen), num_accepted)
-                draft_s += time.perf_counter() - t3
-            stats.record_round(k, num_accepted, len(emitted), draft_s, t2 - t1)
-            policy.observe(k, num_accepted)  # never a time: K must not depend on the clock
+                self.drafter.commit(ctx, accepted)
+                stats_s = time.perf_counter() - t3
+                for i in live:
+                    stats[i].draft_s += stats_s
+                    stats[i].draft_s_per_round[-1] += stats_s
 
-        new_tokens = buf[:, prompt.shape[1] : n].cpu()  # [1, N]
-        stats.total_s = time.perf_counter() - t_start
-        return GenerationResult(token_ids=new_tokens, stats=stats)
+        batch_stats.total_s = time.perf_counter() - t_start
+        results = []
+        for i, row in enumerate(stats):
+            if not row.total_s:
+                row.total_s = batch_stats.total_s
+            batch_stats.new_tokens += row.new_tokens
+            results.append(GenerationResult(token_ids=buf[i : i + 1, width : ends[i]].cpu(), stats=row))
+        return BatchResult(results=results, stats=batch_stats)
 
-    def _measure_costs(self, sampling: SamplingConfig) -> None:
+    def _measure_costs(self, sampling: SamplingConfig, batch_size: int = 1) -> None:
         """Measure the target's verify-cost curve as far as the K policy and the drafter read it
-        (once per process and model; `specdraft.costs.verify_curve` keeps it on the target) and,
-        for "auto", the drafter's cost per token, so that neither is measured in the middle of a
-        generation, where measuring would clear the KV cache."""
+        (once per process and model; `specdraft.costs.verify_curve` keeps it on the target), for
+        "auto" at every batch-size bucket a batch of `batch_size` rows passes through, and the
+        drafter's cost per token, so that nothing is measured in the middle of a generation,
+        where measuring would clear the KV cache."""
         if self.drafter is None:
             return
         need = type(self.drafter).verify_curve_tokens
@@ -268,6 +374,8 @@ class SpeculativeDecoder:
         if need > 0:
             costs.verify_curve(self.target, need)
         if self.num_draft_tokens == "auto" and not self._sizes_own_drafts():
+            for bucket in costs.batch_buckets(batch_size)[1:]:
+                costs.verify_curve(self.target, self.max_draft_tokens, batch_size=bucket)
             self.draft_cost_per_token(sampling)
 
     def _measure_draft_cost(self, sampling: SamplingConfig) -> float:
@@ -281,7 +389,7 @@ class SpeculativeDecoder:
         new = max(1, min(self.CALIBRATION_TOKENS, self.target.max_context - length))
         vocab = self.target.vocab_size
         prompt = ((torch.arange(length) % 17) * 7919 + 11) % vocab  # [T] a period-17 token pattern
-        stats = self._run(prompt[None], new, set(), sampling.with_seed(0), make_draft_length_policy(k)).stats
+        stats = self._run([prompt], new, set(), sampling.with_seed(0), make_draft_length_policy(k)).results[0].stats
         self.target.reset()
         self.drafter.reset()  # type: ignore[union-attr]
         longest = max(stats.drafted_per_round, default=0)  # a tree drafter may score more nodes
@@ -294,56 +402,98 @@ class SpeculativeDecoder:
     def _sizes_own_drafts(self) -> bool:
         return self.drafter is not None and type(self.drafter).sizes_own_drafts
 
-    def _policy(self, sampling: SamplingConfig) -> DraftLengthPolicy:
-        """This call's K policy: fresh, or the one kept across calls (keep_policy=True)."""
+    def _policy(self, sampling: SamplingConfig, batch_size: int = 1) -> DraftLengthPolicy:
+        """This call's K policy: fresh, or the one kept across calls (keep_policy=True; made
+        afresh when a batch is larger than any the kept one has costs for)."""
         if not self.keep_policy:
-            return self.new_policy(sampling)
-        if self._kept_policy is None:
-            self._kept_policy = self.new_policy(sampling)
+            return self.new_policy(sampling, batch_size)
+        bucket = costs.batch_bucket(batch_size)
+        if self._kept_policy is None or bucket > self._kept_bucket:
+            self._kept_policy, self._kept_bucket = self.new_policy(sampling, batch_size), bucket
         return self._kept_policy
 
     def _propose(self, ctx: DraftContext, k_max: int, device: torch.device) -> Draft:
+        b = ctx.batch_size
         if self.drafter is None or k_max <= 0:
-            return Draft(token_ids=torch.empty((1, 0), dtype=torch.long, device=device))
+            return Draft(token_ids=torch.empty((b, 0), dtype=torch.long, device=device))
         draft = self.drafter.propose(ctx, k_max)
-        if draft.num_tokens > k_max:
+        name = type(self.drafter).__name__
+        if draft.num_tokens > k_max or draft.token_ids.shape[0] != b:
             raise ValueError(
-                f"{type(self.drafter).__name__}.propose returned {draft.num_tokens} tokens but "
-                f"{k_max} were asked for; a drafter must return at most num_tokens tokens."
+                f"{name}.propose returned a draft of shape {tuple(draft.token_ids.shape)} but "
+                f"[{b}, <= {k_max}] was asked for; a drafter returns one row per sequence and at most "
+                "num_tokens tokens."
             )
+        if draft.parents is not None and b > 1:
+            raise ValueError(f"{name} proposed a candidate tree for {b} rows; trees verify at batch size 1 only.")
+        lengths = None
+        if draft.lengths is not None:
+            lengths = draft.lengths.to(device)
+            if lengths.shape != (b,) or bool((lengths < 0).any()) or bool((lengths > draft.num_tokens).any()):
+                raise ValueError(f"{name}.propose returned lengths {draft.lengths.tolist()}; need {b} counts in "
+                                 f"[0, {draft.num_tokens}].")
+            if bool((lengths == draft.num_tokens).all()):
+                lengths = None  # every row is whole: no padding to mask
         parents = None if draft.parents is None else draft.parents.to(device)  # a tree (Medusa)
-        return Draft(token_ids=draft.token_ids.to(device), probs=draft.probs, parents=parents)
+        return Draft(token_ids=draft.token_ids.to(device), probs=draft.probs, parents=parents, lengths=lengths)
 
     def _verify(
         self, draft: Draft, logits: Tensor, sampling: SamplingConfig, gen: torch.Generator
     ) -> VerifyResult:
         if sampling.greedy:
-            return greedy_verify(draft.token_ids, logits)
-        target_probs = warp(logits, sampling)  # [1, K+1, V]
-        return self.sampler(draft.token_ids, draft.probs, target_probs, gen)
+            return greedy_verify(draft.token_ids, logits, draft.lengths)
+        target_probs = warp(logits, sampling)  # [B, K+1, V]
+        if draft.lengths is None:  # the injectable sampler's plain form
+            return self.sampler(draft.token_ids, draft.probs, target_probs, gen)
+        return self.sampler(draft.token_ids, draft.probs, target_probs, gen, lengths=draft.lengths)
 
-    def _check_inputs(self, prompt_ids: Tensor | Sequence[int], max_new_tokens: int) -> Tensor:
-        prompt = torch.as_tensor(prompt_ids, dtype=torch.long).cpu()
-        if prompt.dim() == 1:
-            prompt = prompt[None]
-        if prompt.dim() != 2:
-            raise ValueError(f"prompt_ids must have shape [T] or [B, T], got {tuple(prompt.shape)}.")
-        if prompt.shape[0] != 1:
-            raise NotImplementedError(
-                f"batch size {prompt.shape[0]} is not supported yet; generate one prompt at a time."
-            )
-        if prompt.shape[1] == 0:
-            raise ValueError("the prompt is empty; give at least one token (e.g. the BOS token).")
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+    def _check_inputs(self, prompts: Sequence[Tensor | Sequence[int]], max_new_tokens: int) -> list[Tensor]:
+        """The prompts as CPU int64 [T_i] each, or a ValueError naming what is wrong and the fix."""
+        if isinstance(prompts, Tensor):
+            if prompts.dim() != 2:
+                raise ValueError(f"a tensor of prompts must have shape [B, T], got {tuple(prompts.shape)}.")
+            prompts = list(prompts)
+        if isinstance(prompts, (str, bytes)) or len(prompts) == 0:
+            raise ValueError("generate_batch needs a non-empty list of prompts (token ids each).")
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}.")
-        total = prompt.shape[1] + max_new_tokens
-        if total > self.target.max_context:
-            raise ValueError(
-                f"prompt ({prompt.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) = {total} "
-                f"exceeds the target's context length of {self.target.max_context}; shorten the "
-                "prompt or lower max_new_tokens."
-            )
         vocab = self.target.vocab_size
-        if int(prompt.min()) < 0 or int(prompt.max()) >= vocab:
-            raise ValueError(f"prompt token ids must be in [0, {vocab}) for this target.")
-        return prompt
+        checked = []
+        for i, prompt_ids in enumerate(prompts):
+            prompt = torch.as_tensor(prompt_ids, dtype=torch.long).cpu().reshape(-1) \
+                if not isinstance(prompt_ids, Tensor) or prompt_ids.dim() <= 1 else None
+            where = f"prompt {i}" if len(prompts) > 1 else "the prompt"
+            if prompt is None:
+                raise ValueError(f"{where} must be token ids of shape [T], got a tensor of shape "
+                                 f"{tuple(prompt_ids.shape)}.")
+            if prompt.numel() == 0:
+                raise ValueError(f"{where} is empty; give at least one token (e.g. the BOS token).")
+            total = prompt.numel() + max_new_tokens
+            if total > self.target.max_context:
+                raise ValueError(
+                    f"{where} ({prompt.numel()} tokens) + max_new_tokens ({max_new_tokens}) = {total} "
+                    f"exceeds the target's context length of {self.target.max_context}; shorten the "
+                    "prompt or lower max_new_tokens."
+                )
+            if int(prompt.min()) < 0 or int(prompt.max()) >= vocab:
+                raise ValueError(f"{where}'s token ids must be in [0, {vocab}) for this target.")
+            checked.append(prompt)
+        return checked
+
+
+def _context(buf: Tensor, starts: list[int], ends: list[int], live: list[int], hidden: Tensor | None,
+             sampling: SamplingConfig, gen: torch.Generator) -> DraftContext:
+    """The live rows' committed tokens as a `DraftContext`: row i is buf[i, starts[i]:ends[i]]
+    ([B, P+N] buffer), left padded to the longest (a view when the rows are one aligned block, as
+    at batch size 1)."""
+    lengths = tuple(ends[i] - starts[i] for i in live)
+    longest = max(lengths)
+    aligned = len(set(ends[i] for i in live)) == 1
+    if aligned and live == list(range(live[0], live[0] + len(live))):
+        tokens = buf[live[0] : live[-1] + 1, ends[live[0]] - longest : ends[live[0]]]  # [b, T] a view
+    else:
+        rows = torch.tensor(live, device=buf.device)
+        cols = torch.tensor([ends[i] for i in live], device=buf.device)[:, None] - longest \
+            + torch.arange(longest, device=buf.device)[None]  # [b, T]
+        tokens = buf[rows].gather(1, cols.clamp(min=0))
+    return DraftContext(tokens, hidden, sampling, gen, lengths=None if len(set(lengths)) == 1 else lengths)

@@ -29,6 +29,15 @@ Costs are frozen while a generation runs, on purpose: K then depends only on wha
 which is a function of the seed, the prompt and the settings, so a seeded sampled generation gives
 the same tokens however loaded the machine is (the wall clock never picks K).
 
+Batches: one K is drafted for every live row of a round. b rows at once emit b * E[N](k) tokens per
+round against b per AR step, so the same rule holds with the curve measured at that batch size:
+T_v(k) becomes T_v(b, k) / T_v(b, 0) (`specdraft.costs.verify_curve(target, k, batch_size=b)`; the
+policy reads the curve of the smallest measured batch size >= b, the largest if none is). As b
+grows that curve steepens (the forward multiplies weights instead of reading them), so K* falls and
+reaches 0 where drafting stops paying. The acceptance estimates pool every row's outcome (one
+`observe` per row) and the drafter's cost per token is taken as the same share of a target step
+as at batch 1 (a batched draft forward amortises like the target's).
+
 When K* = 0 the policy still probes k = 1 after `probe_every` rounds at K = 0, so a drafter that
 becomes useful again is noticed; every probe that is rejected doubles that interval (up to
 `max_probe_every`) and an accepted probe resets it, so a drafter that stays wrong costs ever fewer
@@ -48,7 +57,9 @@ from specdraft.theory import expected_tokens_from_profile
 class DraftLengthPolicy(Protocol):
     """Chooses K each round and learns from what the round cost and kept."""
 
-    def choose(self, k_max: int) -> int: ...
+    def choose(self, k_max: int, batch_size: int = 1) -> int:
+        """K for the next round of `batch_size` live rows, at most k_max."""
+        ...
 
     def observe(self, num_drafted: int, num_accepted: int) -> None:
         """The round drafted `num_drafted` tokens and the target kept `num_accepted` of them."""
@@ -61,7 +72,7 @@ class FixedDraftLength:
 
     k: int
 
-    def choose(self, k_max: int) -> int:
+    def choose(self, k_max: int, batch_size: int = 1) -> int:
         return min(self.k, k_max)
 
     def observe(self, num_drafted: int, num_accepted: int) -> None:
@@ -73,6 +84,8 @@ class CostModelDraftLength:
     """Cost-model choice of K (see module docstring for the rule).
 
     verify_curve: the target's T_v(k) / T_v(0) for k = 0..max_k (`specdraft.costs.verify_curve`).
+    batch_curves: batch size -> T_v(b, k) / T_v(b, 0), k = 0..max_k, for batches (see the module
+        docstring); batch size 1 reads verify_curve.
     draft_cost: the drafter's cost per drafted token, in units of T_v(0) (measured by
         `SpeculativeDecoder` before the generation; 0 = free).
     max_k: largest K ever drafted. decay: weight of history in the acceptance averages.
@@ -88,12 +101,13 @@ class CostModelDraftLength:
     prior_weight: float = 2.0
     probe_every: int = 16
     max_probe_every: int = 256
+    batch_curves: dict[int, Sequence[float]] = field(default_factory=dict)
     _accepted: list[float] = field(default_factory=list, repr=False)
     _reached: list[float] = field(default_factory=list, repr=False)
     _rounds_at_zero: int = field(default=0, repr=False)
     _probe_interval: int = field(default=0, repr=False)  # current gap between probes (backs off)
     _probing: bool = field(default=False, repr=False)  # the last choice was a probe
-    _shape: list[float] = field(default_factory=list, repr=False)  # verify_curve, made non-decreasing
+    _shapes: dict[int, list[float]] = field(default_factory=dict, repr=False)  # batch size -> curve, non-decreasing
 
     def __post_init__(self) -> None:
         if self.max_k < 0:
@@ -104,18 +118,29 @@ class CostModelDraftLength:
             )
         if not self.draft_cost >= 0:
             raise ValueError(f"draft_cost must be >= 0 (units of one target step), got {self.draft_cost}.")
-        curve = [float(c) for c in self.verify_curve]
-        if len(curve) <= self.max_k or not all(c > 0 for c in curve):
-            raise ValueError(
-                f"verify_curve must hold max_k + 1 = {self.max_k + 1} positive costs T_v(k)/T_v(0), "
-                f"k = 0..max_k, got {curve}; use specdraft.costs.verify_curve(target, max_k)."
-            )
-        self.verify_curve = curve
-        # Scoring more positions cannot really be cheaper: a noisy dip would make drafting look free.
-        self._shape = [max(curve[: i + 1]) for i in range(len(curve))]
+        self._shapes = {b: self._checked_shape(c, b) for b, c in {**self.batch_curves, 1: self.verify_curve}.items()}
+        self.verify_curve = [float(c) for c in self.verify_curve]
         self._probe_interval = self.probe_every
         self._accepted = [0.0] * self.max_k
         self._reached = [0.0] * self.max_k
+
+    def _checked_shape(self, curve: Sequence[float], batch_size: int) -> list[float]:
+        """The curve, validated and made non-decreasing: scoring more positions cannot really be
+        cheaper, and a noisy dip would make drafting look free."""
+        values = [float(c) for c in curve]
+        if batch_size < 1 or len(values) <= self.max_k or not all(c > 0 for c in values):
+            raise ValueError(
+                f"the verify curve of batch size {batch_size} must hold max_k + 1 = {self.max_k + 1} positive "
+                f"costs T_v(k)/T_v(0), k = 0..max_k, got {values}; use "
+                "specdraft.costs.verify_curve(target, max_k, batch_size)."
+            )
+        return [max(values[: i + 1]) for i in range(len(values))]
+
+    def shape_for(self, batch_size: int) -> list[float]:
+        """The curve a round of `batch_size` rows reads: the smallest measured batch size >= it,
+        else the largest measured."""
+        sizes = sorted(self._shapes)
+        return self._shapes[next((b for b in sizes if b >= batch_size), sizes[-1])]
 
     # ------------------------------------------------------------------------- estimates
     def acceptance(self) -> list[float]:
@@ -127,27 +152,27 @@ class CostModelDraftLength:
             estimates.append(prior)
         return estimates
 
-    def verify_cost(self, k: int) -> float:
-        """T_v(k) / T_v(0): the curve's non-decreasing shape."""
-        return self._shape[k]
+    def verify_cost(self, k: int, batch_size: int = 1) -> float:
+        """T_v(b, k) / T_v(b, 0): the curve's non-decreasing shape at this batch size."""
+        return self.shape_for(batch_size)[k]
 
     def draft_cost_of(self, k: int) -> float:
         """T_d(k) / T_v(0)."""
         return k * self.draft_cost
 
-    def expected_rate(self, k: int) -> float:
-        """Expected emitted tokens per T_v(0) of a round drafting k."""
+    def expected_rate(self, k: int, batch_size: int = 1) -> float:
+        """Expected emitted tokens per row per T_v(b, 0) of a round drafting k for b rows."""
         tokens = expected_tokens_from_profile(self.acceptance(), k)
-        return tokens / (self.draft_cost_of(k) + self.verify_cost(k))
+        return tokens / (self.draft_cost_of(k) + self.verify_cost(k, batch_size))
 
     # ------------------------------------------------------------------------- policy
-    def choose(self, k_max: int) -> int:
+    def choose(self, k_max: int, batch_size: int = 1) -> int:
         k_max = min(k_max, self.max_k)
-        best = max(range(k_max + 1), key=lambda k: (self.expected_rate(k), -k))
+        best = max(range(k_max + 1), key=lambda k: (self.expected_rate(k, batch_size), -k))
         self._probing = False
         if best == 0 and k_max > 0:
             self._rounds_at_zero += 1
-            if self._rounds_at_zero >= self._probe_interval and self._probe_could_pay():
+            if self._rounds_at_zero >= self._probe_interval and self._probe_could_pay(batch_size):
                 self._rounds_at_zero = 0
                 self._probing = True
                 return 1
@@ -156,10 +181,11 @@ class CostModelDraftLength:
             self._probe_interval = self.probe_every  # drafting pays again: probe eagerly later
         return best
 
-    def _probe_could_pay(self) -> bool:
+    def _probe_could_pay(self, batch_size: int = 1) -> bool:
         """A k=1 round can only beat AR if, even when always accepted (2 tokens), it is faster per
         token than one AR step; drafters too slow for that (e.g. bitsandbytes on CPU) are not probed."""
-        return 2.0 / (self.draft_cost_of(1) + self.verify_cost(1)) > 1.0 / self.verify_cost(0)
+        shape = self.shape_for(batch_size)
+        return 2.0 / (self.draft_cost_of(1) + shape[1]) > 1.0 / shape[0]
 
     def observe(self, num_drafted: int, num_accepted: int) -> None:
         d = self.decay
@@ -202,10 +228,11 @@ def check_max_draft_tokens(max_draft_tokens: int) -> int:
 
 def make_draft_length_policy(
     num_draft_tokens: int | str, max_k: int = 8, verify_curve: Sequence[float] | None = None,
-    draft_cost: float | None = None,
+    draft_cost: float | None = None, batch_curves: dict[int, Sequence[float]] | None = None,
 ) -> DraftLengthPolicy:
     """A fresh policy for `num_draft_tokens`: a fixed number, or "auto" (the cost model up to max_k
-    on the target's `verify_curve` and the drafter's `draft_cost`, which "auto" requires)."""
+    on the target's `verify_curve` and the drafter's `draft_cost`, which "auto" requires, and the
+    curves of larger batch sizes, `batch_curves`, when it decodes batches)."""
     if check_num_draft_tokens(num_draft_tokens) != "auto":
         return FixedDraftLength(int(num_draft_tokens))
     if verify_curve is None or draft_cost is None:
@@ -214,4 +241,4 @@ def make_draft_length_policy(
             "token: pass verify_curve=specdraft.costs.verify_curve(target, max_k) and draft_cost "
             "(seconds per drafted token / seconds of one target step)."
         )
-    return CostModelDraftLength(verify_curve, draft_cost=draft_cost, max_k=max_k)
+    return CostModelDraftLength(verify_curve, draft_cost=draft_cost, max_k=max_k, batch_curves=dict(batch_curves or {}))

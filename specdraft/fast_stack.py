@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from specdraft.linear_formats import FLOAT, Linear, WeightFormat, make_linear
+from specdraft.ragged import RowLayout
 
 FAST_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -110,7 +111,9 @@ class KVBuffer:
     """Preallocated keys/values [B, kv_heads, capacity, head_dim] per layer, written in place.
 
     Each layer has its own length (early exit leaves the first layers longer). Appending past the
-    capacity doubles it (one copy); past `max_length` it raises instead of corrupting anything."""
+    capacity doubles it (one copy); past `max_length` it raises instead of corrupting anything.
+    `layout` says which columns belong to which row once a batch's rows have different lengths
+    (`specdraft.ragged`); it lives here so a stack sharing this cache shares it too."""
 
     def __init__(self, num_layers: int, shape: tuple[int, int, int], dtype: torch.dtype,
                  device: torch.device, max_length: int, capacity: int = 256) -> None:
@@ -120,6 +123,7 @@ class KVBuffer:
         self.keys = [self._empty(self.capacity) for _ in range(num_layers)]
         self.values = [self._empty(self.capacity) for _ in range(num_layers)]
         self.lengths = [0] * num_layers
+        self.layout: RowLayout | None = None
         self.version = 0  # bumped whenever the buffers move (captured CUDA graphs become stale)
 
     def _empty(self, capacity: int) -> Tensor:
@@ -182,7 +186,18 @@ class KVBuffer:
             for i, old in enumerate(store):
                 store[i] = old.index_select(0, rows)
         self.batch = int(rows.numel())
+        if self.layout is not None:
+            self.layout.keep_rows(rows)
         self.version += 1
+
+    def gather_columns(self, index: Tensor) -> None:
+        """Row i keeps columns index[i] [W] (in this order) in every layer: `RowLayout.compaction`."""
+        width = index.shape[1]
+        idx = index.to(self.device)[:, None, :, None].expand(self.batch, self.kv_heads, width, self.head_dim)
+        for store in (self.keys, self.values):
+            for i, old in enumerate(store):
+                old[:, :, :width] = old.gather(2, idx)  # gather copies first, so overlap is safe
+        self.lengths = [width] * len(self.lengths)
 
     def tensors(self) -> list[tuple[Tensor, Tensor]]:
         """(keys, values) [B, kv_heads, length, D] of every layer (views)."""
@@ -258,6 +273,7 @@ class FastStack:
             return
         if self.kv is not None and self.kv.batch == batch:
             self.kv.lengths = [0] * self.num_layers
+            self.kv.layout = None
             return
         self.kv = KVBuffer(
             self.num_layers, (batch, self.kv_heads, self.head_dim), self.final_norm.dtype,
@@ -266,6 +282,26 @@ class FastStack:
 
     def seq_length(self, layer: int = 0) -> int:
         return 0 if self.kv is None else self.kv.lengths[layer]
+
+    @property
+    def layout(self) -> RowLayout | None:
+        """The rows' columns once they are ragged (`specdraft.ragged`), else None."""
+        return None if self.kv is None else self.kv.layout
+
+    def start_layout(self, layout: RowLayout) -> None:
+        """Track ragged rows from now on (a new batch of layout.valid.shape[0] rows on an empty
+        cache gets a buffer of that batch size first)."""
+        batch = int(layout.valid.shape[0])
+        if self.kv is None or self.kv.batch != batch:
+            if self.seq_length(0):
+                raise ValueError(f"the cache holds {self.kv.batch if self.kv else 0} rows, not {batch}.")
+            self.reset(batch)
+        assert self.kv is not None
+        self.kv.layout = layout
+
+    def gather_columns(self, index: Tensor) -> None:
+        assert self.kv is not None
+        self.kv.gather_columns(index)
 
     def crop(self, length: int, num_layers: int) -> None:
         assert self.kv is not None

@@ -12,6 +12,8 @@ from torch import Tensor, nn
 from transformers import DynamicCache, PreTrainedModel
 from transformers.masking_utils import create_causal_mask
 
+from specdraft.ragged import RowLayout
+
 
 class HFStack:
     """Decoder + final norm + lm_head of a Hugging Face model, with a `DynamicCache`."""
@@ -22,10 +24,27 @@ class HFStack:
         self.lm_head: nn.Module = model.get_output_embeddings()
         self.num_layers = int(self.config.num_hidden_layers)
         self.cache: DynamicCache | None = None
+        self.layout: RowLayout | None = None  # the rows' columns once they are ragged (specdraft.ragged)
 
     # ------------------------------------------------------------------ cache
     def reset(self, batch: int = 1) -> None:
         self.cache = DynamicCache(config=self.config)
+        self.layout = None
+
+    def start_layout(self, layout: RowLayout) -> None:
+        """Track ragged rows from now on."""
+        if self.cache is None:
+            self.reset()
+        self.layout = layout
+
+    def gather_columns(self, index: Tensor) -> None:
+        """Row i keeps columns index[i] [W] in every layer: `RowLayout.compaction`."""
+        assert self.cache is not None
+        for layer in self.cache.layers:
+            idx = index.to(layer.keys.device)[:, None, :, None].expand(
+                layer.keys.shape[0], layer.keys.shape[1], index.shape[1], layer.keys.shape[3])
+            layer.keys = layer.keys.gather(2, idx)
+            layer.values = layer.values.gather(2, idx)
 
     def seq_length(self, layer: int = 0) -> int:
         return 0 if self.cache is None else int(self.cache.get_seq_length(layer))
@@ -50,6 +69,8 @@ class HFStack:
         for layer in self.cache.layers:
             layer.keys = layer.keys.index_select(0, rows.to(layer.keys.device))
             layer.values = layer.values.index_select(0, rows.to(layer.values.device))
+        if self.layout is not None:
+            self.layout.keep_rows(rows)
 
     def layer_tensors(self) -> list[tuple[Tensor, Tensor]]:
         """(keys, values) [B, kv_heads, length, D] of every layer."""

@@ -4,11 +4,19 @@ A drafter proposes K tokens per round (`propose`), learns how many the target ke
 forgets the prompt's state on a new prompt (`reset`) and may remember a finished generation
 across requests (`learn`). It never touches the target's KV cache except through
 `TargetModel`'s public methods. Capabilities are class attributes (`needs_target_hidden`, `hf_counterpart`,
-`verify_curve_tokens`, `sizes_own_drafts`), so the decoding loop never branches on a drafter's type.
+`verify_curve_tokens`, `sizes_own_drafts`, `batched`), so the decoding loop never branches on a
+drafter's type.
+
+Batches: with `batched = True` a drafter drafts for B rows at once. Rows have their own lengths:
+`DraftContext.token_ids` is left padded to the longest row and `DraftContext.lengths` gives each
+row's own length (`DraftContext.row(i)` is row i's tokens); a `Draft` pads shorter rows' drafts to
+the longest and says in `Draft.lengths` how many tokens of each row are real. `commit` gets each
+row's accepted count, and `keep_rows` says which rows are still in the batch when some finish.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
@@ -36,6 +44,7 @@ class Draft:
     token_ids: Tensor
     probs: Tensor | None = None
     parents: Tensor | None = None  # [B, K] parent index per node, -1 = root (a tree, specdraft/tree.py)
+    lengths: Tensor | None = None  # [B] int64 real tokens per row (the rest is padding); None = all K
 
     @property
     def num_tokens(self) -> int:
@@ -54,12 +63,29 @@ class DraftContext:
     sampling: the generation's sampling settings (the drafter warps q with them).
     generator: the generation's random generator (CPU); drafters draw from it, never from the
         global RNG.
+    lengths: [B] each row's own number of tokens when rows differ (token_ids is then left padded
+        to the longest: a row's tokens are its last lengths[i] columns, so token_ids[:, -1] is
+        every row's newest token); None = every row has all T.
     """
 
     token_ids: Tensor
     target_hidden: Tensor | None
     sampling: SamplingConfig
     generator: torch.Generator
+    lengths: tuple[int, ...] | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.token_ids.shape[0])
+
+    def row_lengths(self) -> tuple[int, ...]:
+        """Each row's own number of committed tokens."""
+        return self.lengths if self.lengths is not None else (int(self.token_ids.shape[1]),) * self.batch_size
+
+    def row(self, i: int) -> Tensor:
+        """Row i's committed tokens [T_i] (its padding cut off)."""
+        n = self.row_lengths()[i]
+        return self.token_ids[i, self.token_ids.shape[1] - n :]
 
 
 @runtime_checkable
@@ -79,6 +105,9 @@ class Drafter(Protocol):
     # num_draft_tokens="auto" the decoder offers it max_draft_tokens every round instead of capping
     # it with the acceptance-rate cost model (`specdraft.draft_length`).
     sizes_own_drafts: ClassVar[bool]
+    # True: propose/commit take a batch of B rows (generate_batch); False: batch size 1 only, and
+    # the decoder raises a clear error for a batch.
+    batched: ClassVar[bool]
 
     def bind(self, target: TargetModel) -> None:
         """Called once before generation: share weights, check the vocabulary, move to device."""
@@ -88,9 +117,14 @@ class Drafter(Protocol):
         """Propose up to `num_tokens` tokens continuing ctx.token_ids."""
         ...
 
-    def commit(self, ctx: DraftContext, num_accepted: int) -> None:
-        """The target kept `num_accepted` draft tokens and appended one more (ctx is the new state):
-        roll own state back to the accepted prefix."""
+    def commit(self, ctx: DraftContext, num_accepted: Sequence[int]) -> None:
+        """Row i of the target kept num_accepted[i] draft tokens and appended one more (ctx is the
+        new state): roll own state back to the accepted prefix."""
+        ...
+
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        """Only these rows (indices into the current batch, in this order) go on; the others
+        finished. Per-row state of the dropped rows is forgotten."""
         ...
 
     def reset(self) -> None:

@@ -111,3 +111,27 @@ class GenerationStats:
 def _grow(counts: list[int], length: int) -> None:
     if len(counts) < length:
         counts.extend([0] * (length - len(counts)))
+
+
+@dataclass
+class BatchStats:
+    """What one `SpeculativeDecoder.generate_batch` call did as a whole (each row's own counters
+    are in its `GenerationStats`; a row's total_s is its latency: batch start until it finished)."""
+
+    batch_size: int = 0
+    rounds: int = 0
+    new_tokens: int = 0  # of all rows
+    prefill_s: float = 0.0
+    total_s: float = 0.0  # wall time of the whole batch
+    drafted_per_round: list[int] = field(default_factory=list)  # the K the batch drafted each round
+    live_rows_per_round: list[int] = field(default_factory=list)  # rows still generating each round
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Throughput: new tokens of all rows per second of the batch."""
+        return self.new_tokens / self.total_s if self.total_s > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["tokens_per_s"] = self.tokens_per_s
+        return out

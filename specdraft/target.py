@@ -20,6 +20,7 @@ from specdraft.cuda_graphs import VerifyGraphs
 from specdraft.fast_stack import FastStack, fast_path_unsupported
 from specdraft.hf_stack import HFStack
 from specdraft.linear_formats import FLOAT, WeightFormat
+from specdraft.ragged import RowLayout
 
 
 @dataclass(frozen=True)
@@ -97,9 +98,9 @@ class TargetModel:
             capacity = min(self.max_context, self.GRAPH_CONTEXT + self.GRAPH_POSITIONS)
             self._graphs = VerifyGraphs(self._stack, self.GRAPH_POSITIONS, capacity)
         self._prefix: _PrefixState | None = None  # see forward_prefix (early exit)
-        # T_v(k)/T_v(0) measured for this model instance, k = 0..; filled lazily by
-        # specdraft.costs.verify_curve (the one verify-cost model), never at construction.
-        self.verify_costs: list[float] = []
+        # batch-size bucket -> T_v(k)/T_v(0) measured for this model instance, k = 0..; filled
+        # lazily by specdraft.costs.verify_curve (the one verify-cost model), never at construction.
+        self.verify_costs: dict[int, list[float]] = {}
 
     # ----------------------------------------------------------------------------- properties
     @property
@@ -146,11 +147,31 @@ class TargetModel:
 
     @property
     def cache_length(self) -> int:
-        """Number of positions currently in the KV cache (of every layer: positions that only the
-        first layers have seen through `forward_prefix` are not counted)."""
+        """Number of positions (columns) currently in the KV cache (of every layer: positions that
+        only the first layers have seen through `forward_prefix` are not counted). With ragged rows
+        this is the common width; `row_lengths` counts each row's own tokens."""
         if self._prefix is not None:
             return self._prefix.base
         return self._stack.seq_length(0)
+
+    @property
+    def ragged(self) -> bool:
+        """Whether the cache tracks rows of their own lengths (`forward(..., valid=)`,
+        `specdraft.ragged`): then positions and masks are per row."""
+        return self._stack.layout is not None
+
+    @property
+    def batch_size(self) -> int:
+        """Rows in the KV cache (1 when it is empty)."""
+        layers = self._stack.layer_tensors()
+        return int(layers[0][0].shape[0]) if layers else 1
+
+    def row_lengths(self) -> list[int]:
+        """Each row's own cached tokens (all equal to `cache_length` unless ragged)."""
+        layout = self._stack.layout
+        if layout is None:
+            return [self.cache_length] * self.batch_size
+        return [int(n) for n in layout.row_lengths().tolist()]
 
     # ----------------------------------------------------------------------------- cache API
     def reset(self) -> None:
@@ -160,19 +181,40 @@ class TargetModel:
         if self._graphs is not None:
             self._stack.kv.reserve(self._graphs.capacity)  # type: ignore[union-attr]
 
-    def crop(self, length: int) -> None:
-        """Keep the first `length` positions of the KV cache (roll back rejected draft tokens)."""
-        current = self.cache_length
-        if not 0 <= length <= current:
-            raise ValueError(f"cannot crop a KV cache of {current} positions to {length}.")
-        self._prefix = None  # pending early-exit positions (if any) are beyond `length` too
-        self._stack.crop(length, self.num_layers)
+    def crop(self, length: int | Sequence[int] | Tensor) -> None:
+        """Roll back rejected draft tokens: keep the first `length` positions of the KV cache, or
+        per row (a sequence of B lengths) the first length[i] of row i's own tokens. Ragged rows
+        are marked, not moved (no copy); when holes fill too much of the cache the rows are packed
+        once (`specdraft.ragged.RowLayout.compaction`)."""
+        if isinstance(length, int) and not self.ragged:
+            current = self.cache_length
+            if not 0 <= length <= current:
+                raise ValueError(f"cannot crop a KV cache of {current} positions to {length}.")
+            self._prefix = None  # pending early-exit positions (if any) are beyond `length` too
+            self._stack.crop(length, self.num_layers)
+            return
+        current = self.row_lengths()
+        lengths = [length] * len(current) if isinstance(length, int) else [int(n) for n in length]
+        if len(lengths) != len(current) or any(not 0 <= n <= c for n, c in zip(lengths, current)):
+            raise ValueError(f"cannot crop rows holding {current} tokens to {lengths}.")
+        if not self.ragged:
+            if len(set(lengths)) == 1:  # the rows stay aligned: a plain crop
+                self.crop(lengths[0])
+                return
+            self._start_layout()
+        self.discard_prefix()
+        layout = self._stack.layout
+        assert layout is not None
+        self._stack.crop(layout.crop_rows(torch.as_tensor(lengths, dtype=torch.long)), self.num_layers)
+        self._compact()
 
     @torch.inference_mode()  # the fast stack's buffers may be inference tensors: copy in that mode
     def keep_positions(self, positions: Sequence[int]) -> None:
         """Keep only the given KV-cache positions, in this order (tree verification: the committed
         prefix + the accepted path, whose K/V are copied into place)."""
         current = self.cache_length
+        if self.ragged:
+            raise ValueError("keep_positions (tree verification) needs batch size 1, not ragged rows.")
         if self._prefix is not None or any(not 0 <= p < current for p in positions):
             raise ValueError(f"cache positions must be in [0, {current}), got {list(positions)}.")
         self._stack.keep_positions(positions)
@@ -182,6 +224,26 @@ class TargetModel:
         batch, so the next forwards cost nothing for them)."""
         self.discard_prefix()
         self._stack.keep_rows(torch.as_tensor(list(rows), dtype=torch.long))
+        layout = self._stack.layout
+        if layout is not None:  # the columns only the dropped rows used go, and maybe the holes
+            self._stack.crop(layout.crop_rows(layout.row_lengths()), self.num_layers)
+            self._compact()
+
+    def _start_layout(self) -> None:
+        """Start tracking ragged rows: every cached column so far belongs to every row."""
+        valid = torch.ones((self.batch_size, self.cache_length), dtype=torch.bool, device=self.device)
+        self._stack.start_layout(RowLayout(valid))
+
+    @torch.inference_mode()
+    def _compact(self, force: bool = False) -> None:
+        """Pack the ragged rows when holes fill too much of the cache, or any hole when `force`
+        (one copy)."""
+        layout = self._stack.layout
+        index = None if layout is None else layout.compaction(force)
+        if index is not None:
+            assert layout is not None
+            self._stack.gather_columns(index)
+            layout.packed()
 
     def with_weights(self, weights: WeightFormat, head: bool = False) -> TargetModel:
         """This target's model with its projections stored in `weights`, reading and writing THIS
@@ -209,6 +271,7 @@ class TargetModel:
         num_logits: int | None = None,
         attention_mask: Tensor | None = None,
         position_ids: Tensor | None = None,
+        valid: Tensor | None = None,
     ) -> TargetOutput:
         """Run token_ids [B, k] after the cached positions and append them to the cache.
 
@@ -217,8 +280,28 @@ class TargetModel:
         model's cost, so the loop asks only for what the verifier reads.
         attention_mask / position_ids: optional 4D additive mask [B, 1, k, cached + k] and positions
         [B, k] (tree verification, specdraft/tree.py); None = the usual causal continuation.
+        valid: [B, k] bool, which inputs are real tokens of their row (False = padding: a prompt
+        shorter than the batch's longest, a row's draft shorter than the longest draft). Given once,
+        the cache tracks each row's own tokens from then on (`ragged`): every row gets its own
+        positions and attends to its own tokens only, as if it ran alone.
         """
-        if attention_mask is not None or position_ids is not None:
+        if valid is not None and not self.ragged:
+            if self.cache_length == 0:
+                self._stack.start_layout(RowLayout(valid.new_zeros((valid.shape[0], 0))))
+            else:
+                self._start_layout()
+        layout = self._stack.layout
+        if layout is not None:
+            if attention_mask is not None or position_ids is not None:
+                raise ValueError("a ragged batch builds its own masks and positions; trees run at batch size 1.")
+            self.discard_prefix()
+            if layout.width + token_ids.shape[1] > self.max_context:  # holes would outgrow the context
+                self._compact(force=True)
+            new_valid = (torch.ones(token_ids.shape, dtype=torch.bool) if valid is None else valid).to(self.device)
+            mask, positions = layout.inputs(new_valid, self._stack.embed(token_ids[:, :1]).dtype)
+            hidden = self._stack.forward(token_ids, mask, positions)
+            layout.append(new_valid)
+        elif attention_mask is not None or position_ids is not None:
             self.discard_prefix()
             hidden = self._stack.forward(token_ids, attention_mask, position_ids)
         elif self._prefix is not None:
@@ -265,6 +348,8 @@ class TargetModel:
                 f"{type(self.decoder).__name__} does not expose embed_tokens/layers/norm/rotary_emb, "
                 "so it cannot be split for early exit; use a Llama-style target."
             )
+        if self.ragged:
+            raise ValueError("forward_prefix (early exit) runs at batch size 1, not on ragged rows.")
         if not 1 <= num_layers <= self.num_layers:
             raise ValueError(f"num_layers must be in [1, {self.num_layers}], got {num_layers}.")
         st = self._prefix

@@ -13,6 +13,9 @@ Given the target's warped distributions p at the K+1 positions of one forward ov
   target's argmax at the first mismatch (or after the last draft token).
 
 Every round emits num_accepted + 1 tokens: draft[:num_accepted] followed by `next_token`.
+In a batch, rows may draft different numbers of tokens: `lengths` [B] says how many of a row's K
+draft tokens are real (the rest is padding the target scored but nobody reads); row i accepts at
+most lengths[i] and its bonus comes from p at position lengths[i].
 Uniforms are float64; the test `u * q < p` never divides by q and never accepts a token with p = 0.
 """
 
@@ -34,10 +37,11 @@ class VerifyResult:
     next_token: Tensor  # [B] int64, the recovered token (if num_accepted < K) or the bonus token
 
 
-def greedy_verify(draft_ids: Tensor, target_logits: Tensor) -> VerifyResult:
-    """Accept the longest prefix of draft_ids [B, K] equal to argmax(target_logits [B, K+1, V])."""
+def greedy_verify(draft_ids: Tensor, target_logits: Tensor, lengths: Tensor | None = None) -> VerifyResult:
+    """Accept the longest prefix of draft_ids [B, K] equal to argmax(target_logits [B, K+1, V]),
+    at most lengths[i] [B] tokens in row i (None = all K)."""
     target_ids = target_logits.argmax(dim=-1)  # [B, K+1]
-    num_accepted = _leading_true(draft_ids == target_ids[:, :-1])  # [B]
+    num_accepted = _leading_true(_real(draft_ids == target_ids[:, :-1], lengths))  # [B]
     next_token = target_ids.gather(1, num_accepted[:, None]).squeeze(1)  # [B]
     return VerifyResult(num_accepted=num_accepted, next_token=next_token)
 
@@ -47,6 +51,7 @@ def rejection_sample(
     draft_probs: Tensor | None,
     target_probs: Tensor,
     generator: torch.Generator,
+    lengths: Tensor | None = None,
 ) -> VerifyResult:
     """Lossless speculative sampling.
 
@@ -54,6 +59,7 @@ def rejection_sample(
     draft_probs: [B, K, V] warped q, or None for a deterministic drafter (one-hot q).
     target_probs: [B, K+1, V] warped p; position i scores draft token i, position K is the bonus.
     generator: CPU torch.Generator for the float64 uniforms and the residual/bonus draw.
+    lengths: [B] real draft tokens per row (None = all K); a row's padding is never accepted.
     """
     bsz, k = draft_ids.shape
     if target_probs.shape[:2] != (bsz, k + 1):
@@ -71,28 +77,39 @@ def rejection_sample(
 
     u = torch.rand((bsz, k), generator=generator, dtype=torch.float64).to(p.device)  # [B, K]
     accepted = u * q_x < p_x  # [B, K]  <=>  u < min(1, p/q), never true when p = 0
-    num_accepted = _leading_true(accepted)  # [B]
+    num_accepted = _leading_true(_real(accepted, lengths))  # [B]
+    rows = torch.arange(bsz, device=p.device)
+    real = torch.full((bsz,), k, dtype=torch.long, device=p.device) if lengths is None else lengths.to(p.device)
 
     # Distribution of the next token: residual at the first rejection, p_K (bonus) otherwise.
     pos = num_accepted.clamp(max=max(k - 1, 0))  # [B]
     if k > 0:
-        p_pos = p_draft[torch.arange(bsz, device=p.device), pos]  # [B, V]
+        p_pos = p_draft[rows, pos]  # [B, V]
         if draft_probs is None:
             x = draft_ids.gather(1, pos[:, None])  # [B, 1]
             residual = p_pos.scatter(1, x, 0.0)  # [B, V]  p with x removed
         else:
-            q_pos = draft_probs.double()[torch.arange(bsz, device=p.device), pos]  # [B, V]
+            q_pos = draft_probs.double()[rows, pos]  # [B, V]
             residual = (p_pos - q_pos).clamp_min(0.0)  # [B, V]
         # If p == q exactly the residual is empty, but then rejection had probability 0; fall back
         # to p so the draw is always well defined.
         empty = residual.sum(dim=1, keepdim=True) <= 0  # [B, 1]
         residual = torch.where(empty, p_pos, residual)
-        next_dist = torch.where((num_accepted < k)[:, None], residual, p[:, k])  # [B, V]
+        bonus = p[rows, num_accepted]  # [B, V]: p after the row's last real draft token
+        next_dist = torch.where((num_accepted < real)[:, None], residual, bonus)  # [B, V]
     else:
         next_dist = p[:, 0]
     next_dist = next_dist / next_dist.sum(dim=1, keepdim=True)
     next_token = sample(next_dist, generator)  # [B]
     return VerifyResult(num_accepted=num_accepted, next_token=next_token)
+
+
+def _real(mask: Tensor, lengths: Tensor | None) -> Tensor:
+    """mask [B, K] with every column >= lengths[i] of row i False (None = unchanged)."""
+    if lengths is None:
+        return mask
+    cols = torch.arange(mask.shape[1], device=mask.device)  # [K]
+    return mask & (cols[None] < lengths.to(mask.device)[:, None])
 
 
 def _leading_true(mask: Tensor) -> Tensor:

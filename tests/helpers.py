@@ -6,6 +6,8 @@ thing everywhere.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import importlib.util
 from pathlib import Path
 from types import ModuleType
@@ -67,13 +69,15 @@ def sample_two_tokens(decoder: SpeculativeDecoder, prompt: list[int], n: int, vo
 
 
 class RecomputeDrafter:
-    """A deliberately simple model drafter for tests: no KV cache, recomputes the whole context
-    each step, samples from its warped q with the shared generator. Obviously correct, slow."""
+    """A deliberately simple model drafter for tests: no KV cache, recomputes each row's whole
+    context each step, samples from its warped q with the shared generator (row by row in a
+    batch). Obviously correct, slow."""
 
     needs_target_hidden: ClassVar[bool] = False
     hf_counterpart: ClassVar[str | None] = None
     verify_curve_tokens: ClassVar[int] = 0
     sizes_own_drafts: ClassVar[bool] = False
+    batched: ClassVar[bool] = True
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model.eval()
@@ -89,17 +93,24 @@ class RecomputeDrafter:
         """Nothing is kept across requests."""
         return {}
 
-    def commit(self, ctx: DraftContext, num_accepted: int) -> None:
-        pass
+    def commit(self, ctx: DraftContext, num_accepted: Sequence[int]) -> None:
+        """Nothing to roll back: every proposal recomputes from the committed tokens."""
+
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        """No per-row state."""
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext, num_tokens: int) -> Draft:
-        ids = ctx.token_ids.clone()  # [1, T]
-        tokens, probs = [], []
-        for _ in range(num_tokens):
-            q = warp(self.model(ids).logits[:, -1], ctx.sampling)  # [1, V]
-            tok = draw(q, ctx.sampling, ctx.generator)  # [1]
-            tokens.append(tok)
-            probs.append(q)
-            ids = torch.cat([ids, tok[:, None]], dim=1)
-        return Draft(token_ids=torch.stack(tokens, dim=1), probs=torch.stack(probs, dim=1))
+        rows_tokens, rows_probs = [], []
+        for i in range(ctx.batch_size):
+            ids = ctx.row(i)[None].clone()  # [1, T_i]
+            tokens, probs = [], []
+            for _ in range(num_tokens):
+                q = warp(self.model(ids).logits[:, -1], ctx.sampling)  # [1, V]
+                tok = draw(q, ctx.sampling, ctx.generator)  # [1]
+                tokens.append(tok)
+                probs.append(q)
+                ids = torch.cat([ids, tok[:, None]], dim=1)
+            rows_tokens.append(torch.stack(tokens, dim=1))
+            rows_probs.append(torch.stack(probs, dim=1))
+        return Draft(token_ids=torch.cat(rows_tokens), probs=torch.cat(rows_probs))  # [B, K], [B, K, V]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdraft.batch_decode import decode_batch, padding_mask
+from specdraft.batch_decode import decode_batch
+from specdraft.ragged import padding_mask
 from specdraft.models import tiny_random_target
 from specdraft.sampling import SamplingConfig
 

@@ -7,7 +7,7 @@ every packaged broken verifier at the default N and passes the real one (the rea
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -165,6 +165,7 @@ class ImpossibleDrafter:
     hf_counterpart: ClassVar[str | None] = None
     verify_curve_tokens: ClassVar[int] = 0
     sizes_own_drafts: ClassVar[bool] = False
+    batched: ClassVar[bool] = False  # drafts for one sequence
 
     def bind(self, target: TargetModel) -> None:
         self.target = target
@@ -176,7 +177,10 @@ class ImpossibleDrafter:
         """Nothing is kept across requests."""
         return {}
 
-    def commit(self, ctx: DraftContext, num_accepted: int) -> None:
+    def commit(self, ctx: DraftContext, num_accepted: Sequence[int]) -> None:
+        pass
+
+    def keep_rows(self, rows: Sequence[int]) -> None:
         pass
 
     @torch.inference_mode()

@@ -51,7 +51,7 @@ def test_building_a_decoder_times_nothing_and_writes_nothing(
     for k in ("auto", 3, 0):
         SpeculativeDecoder(target, NGramDrafter(), k, max_draft_tokens=5)
         SpeculativeDecoder(target, None, k)
-    assert list(tmp_path.iterdir()) == [] and target.verify_costs == []
+    assert list(tmp_path.iterdir()) == [] and target.verify_costs == {}
 
 
 def test_auto_measures_the_curve_on_first_use_outside_the_timed_stats(
@@ -70,7 +70,7 @@ def test_auto_measures_the_curve_on_first_use_outside_the_timed_stats(
     monkeypatch.setattr(costs, "measure_verify_curve", slow_measure)
     out = dec.generate([1, 2, 3, 1, 2], 6, stop_token_ids=[])
     assert out.stats.total_s < slow  # the measurement is not this generation's time
-    assert len(target.verify_costs) == 6 and (tmp_path / costs.CACHE_FILE).is_file()
+    assert len(target.verify_costs[1]) == 6 and (tmp_path / costs.CACHE_FILE).is_file()
     assert isinstance(dec.new_policy(), CostModelDraftLength)
     assert dec.new_policy().verify_curve == costs.verify_curve(target, 5)  # memoised: measured once
     monkeypatch.setattr(costs, "measure_verify_curve", lambda *a, **k: pytest.fail("measured again"))

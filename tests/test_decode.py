@@ -3,6 +3,7 @@ bad input, K choices independent of earlier calls. Reference = Hugging Face gree
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 import pytest
@@ -28,6 +29,7 @@ class OracleDrafter:
     hf_counterpart: ClassVar[str | None] = None
     verify_curve_tokens: ClassVar[int] = 0
     sizes_own_drafts: ClassVar[bool] = False
+    batched: ClassVar[bool] = False  # drafts for one sequence
 
     def __init__(self, full_sequence: list[int], corrupt_every: int = 0, vocab: int = 16) -> None:
         self.seq = full_sequence
@@ -36,7 +38,8 @@ class OracleDrafter:
 
     def bind(self, target: TargetModel) -> None: ...
     def reset(self) -> None: ...
-    def commit(self, ctx: DraftContext, num_accepted: int) -> None: ...
+    def commit(self, ctx: DraftContext, num_accepted: Sequence[int]) -> None: ...
+    def keep_rows(self, rows: Sequence[int]) -> None: ...
     def learn(self, token_ids: torch.Tensor, prompt_len: int) -> dict: return {}
 
     def propose(self, ctx: DraftContext, num_tokens: int) -> Draft:
@@ -146,7 +149,7 @@ def test_bad_inputs_raise_clear_errors(tiny_target: TargetModel) -> None:
         dec.generate([1, 2], tiny_target.max_context)
     with pytest.raises(ValueError, match="token ids"):
         dec.generate([1, 99], 3)
-    with pytest.raises(NotImplementedError, match="batch size"):
+    with pytest.raises(ValueError, match="generate_batch"):
         dec.generate([[1, 2], [3, 4]], 3)
     with pytest.raises(ValueError, match="min_ngram"):
         NGramDrafter(min_ngram=3, max_ngram=2)

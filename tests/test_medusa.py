@@ -313,7 +313,7 @@ def test_auto_tree_is_sized_on_first_proposal_for_the_measured_curve(tmp_path, m
     prompt = [1, 5, 3, 7]
     out = dec.generate(prompt, max_new_tokens=24, stop_token_ids=[])
     assert calls == [MAX_TREE_NODES]
-    assert drafter.tree_curve == target.verify_costs[: MAX_TREE_NODES + 1]
+    assert drafter.tree_curve == target.verify_costs[1][: MAX_TREE_NODES + 1]
     assert drafter.paths == choose_tree(accuracy, drafter.tree_curve)
     assert out.token_ids[0].tolist() == plain_greedy(target, prompt, 24)
     dec.generate(prompt, max_new_tokens=8, stop_token_ids=[])

@@ -187,7 +187,7 @@ def test_tree_proposals_branch() -> None:
 def flat_costs(target: TargetModel) -> TargetModel:
     """Verification as cheap for 32 nodes as for none, so the drafter never trims a draft (the
     tests then do not depend on this machine's measured curve)."""
-    target.verify_costs = [1.0] * 33
+    target.verify_costs = {1: [1.0] * 33}
     return target
 
 
