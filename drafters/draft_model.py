@@ -20,11 +20,16 @@ chat and qa that is where most of its fixable misses are (benchmarks/RESULTS.md)
     DraftModelDrafter(model="HuggingFaceTB/SmolLM2-135M-Instruct", pruned_vocab=None)
     DraftModelDrafter(model=my_module)                  # any in-memory HF causal LM
     DraftModelDrafter(copy_ngram=None)                  # the draft alone, no copying
+
+Batches (`generate_batch`): every row keeps its own prefix of the draft's cache (the cache's rows
+are ragged, `specdraft.draft_loop.DraftCache`) and its own copy index; one draft forward per step
+serves every row.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -99,6 +104,7 @@ class DraftModelDrafter:
     hf_counterpart: ClassVar[str | None] = "hf_assisted"  # HF assisted generation with the same draft
     verify_curve_tokens: ClassVar[int] = 0
     sizes_own_drafts: ClassVar[bool] = False
+    batched: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -120,7 +126,7 @@ class DraftModelDrafter:
         self.copy_ngram = copy_ngram
         self.copy_max_ngram = copy_max_ngram
         self.copy_weight = copy_weight
-        self._copy_index: NGramIndex | None = None  # n-grams of the committed tokens (copy_ngram set)
+        self._copy_indexes: list[NGramIndex] = []  # per row: n-grams of its committed tokens (copy_ngram set)
         self.model_spec = model
         self.fast = fast
         self.pruned_vocab_spec = pruned_vocab
@@ -186,41 +192,71 @@ class DraftModelDrafter:
         """New prompt: an empty cache."""
         if self._cache is not None:
             self._cache.reset()
-        self._copy_index = NGramIndex(self.copy_ngram, self.copy_max_ngram) if self.copy_ngram else None
+        self._copy_indexes = [self._new_index()] if self.copy_ngram else []
 
     def learn(self, token_ids: torch.Tensor, prompt_len: int) -> dict[str, Any]:
         """Nothing is kept across requests."""
         return {}
 
-    def commit(self, ctx: DraftContext, num_accepted: int) -> None:
-        """Keep only the cached positions that match the committed tokens (drops rejected KV)."""
+    def commit(self, ctx: DraftContext, num_accepted: Sequence[int]) -> None:
+        """Keep only each row's cached positions that match its committed tokens (drops rejected KV)."""
         if self._cache is not None:
-            self._cache.sync(ctx.token_ids)
+            self._cache.sync(ctx)
+
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        """Only these rows go on: drop the others' cache rows and copy indexes."""
+        if self._cache is not None:
+            self._cache.keep_rows(rows)
+        if len(self._copy_indexes) > 1:
+            self._copy_indexes = [self._copy_indexes[r] for r in rows]
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext, num_tokens: int) -> Draft:
         if self._cache is None:
             raise ValueError("DraftModelDrafter.propose was called before bind(target).")
-        if ctx.token_ids.shape[0] != 1:
-            raise NotImplementedError("DraftModelDrafter supports batch size 1.")
-        feed = self._cache.feed(ctx.token_ids)  # [1, n >= 1] not yet in the draft cache
-        return draft_autoregressively(self._next_logits, feed, num_tokens, ctx, self.vocab,
-                                      self._copy_source(ctx.token_ids))
+        if ctx.batch_size == 1:
+            feed = self._cache.feed(ctx.token_ids)  # [1, n >= 1] not yet in the draft cache
+            return draft_autoregressively(self._next_logits, feed, num_tokens, ctx, self.vocab,
+                                          self._copy_source(ctx.token_ids))
+        rows = self._cache.feed(ctx)  # every row's tokens not yet in the draft cache (>= 1 each)
+        return draft_autoregressively(self._next_logits, rows, num_tokens, ctx, self.vocab, self._copy_sources(ctx))
 
     # ------------------------------------------------------------------------------ internals
+    def _new_index(self) -> NGramIndex:
+        assert self.copy_ngram is not None
+        return NGramIndex(self.copy_ngram, self.copy_max_ngram)
+
     def _copy_source(self, committed: Tensor) -> CopySource | None:
         """Index the new committed tokens [1, T]; the copies for this round, or None (copying off)."""
-        index = self._copy_index
-        if index is None:
+        if not self._copy_indexes:
             return None
-        index.catch_up(committed[0])
+        if len(self._copy_indexes) != 1:  # after a batch: one row again
+            self._copy_indexes = [self._new_index()]
+        return self._row_source(self._copy_indexes[0], committed[0])
+
+    def _copy_sources(self, ctx: DraftContext) -> list[CopySource | None] | None:
+        """Per row: index its new committed tokens; its copies for this round (None: copying off)."""
+        if not self._copy_indexes:
+            return None
+        batch = ctx.batch_size
+        if len(self._copy_indexes) != batch:  # a new batch (rows only leave through keep_rows)
+            self._copy_indexes = [self._new_index() for _ in range(batch)]
+        tokens = ctx.token_ids.cpu()  # [B, T] one copy for every row's index
+        width = tokens.shape[1]
+        return [self._row_source(index, tokens[i, width - n :])
+                for i, (index, n) in enumerate(zip(self._copy_indexes, ctx.row_lengths()))]
+
+    def _row_source(self, index: NGramIndex, committed: Tensor) -> CopySource:
+        """Index a row's new committed tokens [T]; its copies for this round."""
+        index.catch_up(committed)
         tail = index.tokens[-index.max_ngram :]
         assert self._head is not None
         vocab_size = self.vocab.vocab_size if self.vocab is not None else self._head.shape[0]
         return CopySource(lambda drafted: index.next_token(tail + drafted), self.copy_weight, vocab_size)
 
-    def _next_logits(self, feed: Tensor) -> Tensor:
-        """Run feed [1, n] after the cached positions; logits for the next token [1, M or V]."""
+    def _next_logits(self, feed: Tensor, counts: Sequence[int] | None = None) -> Tensor:
+        """Run feed [B, n] after the cached positions (row i: its last counts[i] columns, None =
+        all); logits for each row's next token [B, M or V]."""
         assert self._cache is not None and self._head_linear is not None
-        hidden = self._cache.forward(feed)  # [1, H] post-norm
-        return self._head_linear(hidden).float()  # [1, M or V]
+        hidden = self._cache.forward(feed, counts)  # [B, H] post-norm
+        return self._head_linear(hidden).float()  # [B, M or V]

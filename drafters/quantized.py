@@ -21,18 +21,23 @@ Logits: share_embeddings=True takes them from the target's own lm_head (no memor
 quantizes the head like the layers; `pruned_vocab` (`specdraft.vocab.resolve_pruned_vocab`) projects
 onto a subset of the target's ids only (q is zero outside it, so verification stays exact), stored
 in the copy's format, to cut the head's cost. `memory` reports the bytes the copy adds.
+
+Batches (`generate_batch`): on the target's cache every row runs its newest token and drafts after
+its own committed tokens (one forward per step for all rows), and each row is cropped back to its
+own length; a copy with its own cache keeps per-row prefixes (`DraftCache`).
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from specdraft.draft_loop import DraftCache, draft_autoregressively
+from specdraft.draft_loop import DraftCache, draft_autoregressively, feed_valid
 from specdraft.linear_formats import (
     FLOAT,
     INT4_GROUP_SIZES,
@@ -177,6 +182,7 @@ class QuantizedDrafter:
     hf_counterpart: ClassVar[str | None] = None  # Hugging Face generation has no quantized-copy mode
     verify_curve_tokens: ClassVar[int] = 0
     sizes_own_drafts: ClassVar[bool] = False
+    batched: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -278,21 +284,29 @@ class QuantizedDrafter:
         """Nothing is kept across requests."""
         return {}
 
-    def commit(self, ctx: DraftContext, num_accepted: int) -> None:
-        """Keep only the cached positions that match the committed tokens (drops rejected K/V)."""
+    def commit(self, ctx: DraftContext, num_accepted: Sequence[int]) -> None:
+        """Keep only each row's cached positions that match its committed tokens (drops rejected K/V)."""
         if self._cache is not None:
-            self._cache.sync(ctx.token_ids)
+            self._cache.sync(ctx)
 
-    def _next_logits(self, feed: Tensor) -> Tensor:
-        """Run feed [1, n] after the cached positions; logits [1, M or V] of the next token."""
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        """Only these rows go on. On the target's cache there is nothing of the copy's own (the
+        target drops its rows); a cache of its own drops the others' rows."""
+        if self._cache is not None:
+            self._cache.keep_rows(rows)
+
+    def _next_logits(self, feed: Tensor, counts: Sequence[int] | None = None) -> Tensor:
+        """Run feed [B, n] after the cached positions (row i: its last counts[i] columns, None =
+        all); logits [B, M or V] of each row's next token."""
         assert self._target is not None
         if self._shared is not None:
             runner = self._shared
-            hidden = runner.forward(feed, num_logits=0).hidden[:, -1]  # [1, H] post-norm
+            valid = None if counts is None else feed_valid(feed.shape[1], counts)
+            hidden = runner.forward(feed, num_logits=0, valid=valid).hidden[:, -1]  # [B, H] post-norm
         else:
             assert self._cache is not None
             runner = self._cache.runner
-            hidden = self._cache.forward(feed)  # [1, H] post-norm
+            hidden = self._cache.forward(feed, counts)  # [B, H] post-norm
         if self._head is not None:  # pruned rows [M, H]
             return self._head(hidden).float()
         if runner.has_head:
@@ -304,12 +318,13 @@ class QuantizedDrafter:
         """Catch the copy's cache up with ctx, then draft num_tokens tokens one at a time."""
         if self._cache is None and self._shared is None:
             raise ValueError("QuantizedDrafter.propose called before bind(target).")
-        if ctx.token_ids.shape[0] != 1:
-            raise NotImplementedError("QuantizedDrafter supports batch size 1.")
         if self._shared is None:
             assert self._cache is not None
-            feed = self._cache.feed(ctx.token_ids)  # [1, n >= 1] not yet in the copy's cache
+            # [1, n >= 1] (a batch: every row's, `RowFeed`) not yet in the copy's cache
+            feed = self._cache.feed(ctx.token_ids if ctx.batch_size == 1 else ctx)
             return draft_autoregressively(self._next_logits, feed, num_tokens, ctx, self.vocab)
+        if ctx.batch_size > 1 or self._shared.ragged:  # (the last row of a batch stays ragged)
+            return self._propose_shared_rows(ctx, num_tokens)
         # on the target's cache: it holds every committed token but the newest (the decoding loop's
         # invariant); the copy runs the newest and its drafts after it, then they are cropped away
         committed = ctx.token_ids.shape[1] - 1
@@ -322,3 +337,22 @@ class QuantizedDrafter:
             return draft_autoregressively(self._next_logits, ctx.token_ids[:, -1:], num_tokens, ctx, self.vocab)
         finally:
             self._shared.crop(committed)
+
+    def _propose_shared_rows(self, ctx: DraftContext, num_tokens: int) -> Draft:
+        """share_kv for B rows: each row's newest token and drafts run after its own committed
+        tokens in the target's cache (ragged rows: per-row positions and masks), then every row is
+        cropped back to its committed tokens before the newest."""
+        shared = self._shared
+        assert shared is not None and self._target is not None
+        committed = [n - 1 for n in ctx.row_lengths()]
+        batch = ctx.batch_size
+        held = shared.row_lengths() if shared.cache_length else [0] * batch  # empty: takes B rows on its first forward
+        if held != committed:
+            raise ValueError(
+                f"share_kv drafting expects the target's cache to hold each row's committed tokens before "
+                f"its newest, {committed}, but it holds {held}; use share_kv=false here."
+            )
+        try:
+            return draft_autoregressively(self._next_logits, ctx.token_ids[:, -1:], num_tokens, ctx, self.vocab)
+        finally:
+            shared.crop(committed)

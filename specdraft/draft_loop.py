@@ -15,11 +15,19 @@ they cannot copy from their context the way the target's induction heads do.
 A greedy copy (weight >= 0.5) does not depend on q, so the model is not run for it: the copied
 tokens are fed to it together with the next token it has to predict (one forward instead of one
 per token), which makes a run of copies nearly as cheap as prompt lookup.
+
+Batches (B > 1 rows of their own lengths, `specdraft.protocol`): the loop drafts every row at once,
+one model forward per step for all rows. What a row has not fed yet is the tail of a `RowFeed`:
+right aligned, so column -1 is every row's newest input and rows that feed fewer tokens are left
+padded (marked with `valid`, so the padding never enters a row's cache as a token). A row that
+copies greedily feeds nothing that step; the model is skipped only when every row copies.
+`DraftCache` keeps each row's cached tokens and crops every row to its own common prefix with
+the committed tokens. Batch size 1 runs the unpadded code path it always ran (no masks).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -56,13 +64,33 @@ class CopySource:
     vocab_size: int
 
 
+@dataclass(frozen=True)
+class RowFeed:
+    """What B rows feed a model in one forward: row i's inputs are the last counts[i] columns of
+    tokens [B, n] (right aligned, left padded: column -1 is every feeding row's newest input);
+    counts None = every row feeds all n. A row with count 0 feeds nothing (all padding)."""
+
+    tokens: Tensor
+    counts: tuple[int, ...] | None = None
+
+    def valid(self) -> Tensor | None:
+        """[B, n] bool, which columns are real inputs (None when all are)."""
+        return None if self.counts is None else feed_valid(self.tokens.shape[1], self.counts)
+
+
+def feed_valid(n: int, counts: Sequence[int]) -> Tensor:
+    """[B, n] bool (CPU): row i's last counts[i] of n columns are real, the ones before padding."""
+    pad = torch.tensor([n - c for c in counts], dtype=torch.long)  # [B]
+    return torch.arange(n)[None] >= pad[:, None]
+
+
 def draft_autoregressively(
-    next_logits: Callable[[Tensor], Tensor],
-    feed: Tensor,
+    next_logits: Callable[..., Tensor],
+    feed: Tensor | RowFeed,
     num_tokens: int,
     ctx: DraftContext,
     vocab: PrunedVocab | None = None,
-    copy: CopySource | None = None,
+    copy: CopySource | Sequence[CopySource | None] | None = None,
 ) -> Draft:
     """Draft num_tokens tokens one at a time and return them with their q.
 
@@ -71,7 +99,14 @@ def draft_autoregressively(
     vocab: the pruned draft vocabulary the logits are over (M columns), or None (V columns);
     q is always returned over the target's V ids (zeros outside the subset), so verification
     stays exact. copy: mixes copies of earlier context into q (module docstring), or None.
+
+    Batches (ctx.batch_size > 1): feed is a `RowFeed` (or [B, n] tokens that are all real), copy
+    one source per row (or None), and next_logits(tokens [B, n], counts) -> [B, M or V] the logits
+    after each row's last column, where counts (a tuple, or None = all n) says how many of the
+    last columns of each row are real (`RowFeed`); every row drafts num_tokens tokens.
     """
+    if ctx.batch_size > 1 or isinstance(feed, RowFeed) or not (copy is None or isinstance(copy, CopySource)):
+        return _draft_rows(next_logits, feed, num_tokens, ctx, vocab, copy)
     # Greedy drafts are one-hot, so the mixture's argmax is the copy when w >= 0.5 (ties go to the
     # copy) and the draft's own token otherwise: below 0.5 a greedy draft never uses a copy.
     greedy = ctx.sampling.greedy
@@ -105,6 +140,93 @@ def draft_autoregressively(
     return Draft(token_ids=torch.stack(tokens, dim=1), probs=torch.stack(probs, dim=1))  # [1, K], [1, K, V]
 
 
+def _one_hot(ids: Tensor, width: int) -> Tensor:
+    """float32 one-hot rows [B, width] at ids [B]."""
+    return torch.zeros((ids.shape[0], width), device=ids.device).scatter_(-1, ids[:, None], 1.0)
+
+
+def _draft_rows(
+    next_logits: Callable[..., Tensor],
+    feed: Tensor | RowFeed,
+    num_tokens: int,
+    ctx: DraftContext,
+    vocab: PrunedVocab | None,
+    copy: CopySource | Sequence[CopySource | None] | None,
+) -> Draft:
+    """`draft_autoregressively` for B rows: one forward per step for every row that needs logits.
+
+    Per row the same rule as at batch size 1: a greedy copy (weight >= 0.5) is drafted without q
+    and fed with the row's next forward; a sampled copy is mixed into the row's q. The rows' unfed
+    tokens are the right-aligned tail of `tokens` (counts[i] columns of row i): a drafted token
+    appends a column, and a row that fed its tokens keeps only that one."""
+    batch = ctx.batch_size
+    sampling, gen = ctx.sampling, ctx.generator
+    greedy = sampling.greedy
+    if isinstance(feed, Tensor):
+        feed = RowFeed(feed)
+    tokens = feed.tokens  # [B, n]
+    device = tokens.device
+    counts = list(feed.counts) if feed.counts is not None else [int(tokens.shape[1])] * batch
+    sources = [copy] * batch if copy is None or isinstance(copy, CopySource) else list(copy)
+    if len(sources) != batch:
+        raise ValueError(f"one copy source per row: got {len(sources)} for {batch} rows.")
+    lookups = [s if s is not None and not (greedy and s.weight < 0.5) else None for s in sources]
+    active = any(s is not None for s in lookups)
+    drafted: list[list[int]] = [[] for _ in range(batch)]
+    out_tokens, out_probs = [], []
+    for _ in range(num_tokens):
+        copies = [s.next_token(d) if s is not None else None for s, d in zip(lookups, drafted)] \
+            if active else [None] * batch
+        skip = [greedy and c is not None for c in copies]  # greedy copies: the model is not asked
+        copy_ids = torch.tensor([c if c is not None else 0 for c in copies], dtype=torch.long, device=device) \
+            if active else None  # [B]
+        if all(skip):
+            assert copy_ids is not None
+            tok = copy_ids  # [B]
+            width = next(s.vocab_size for s in lookups if s is not None)
+            q = _one_hot(tok, width)  # [B, V]
+        else:
+            fed = [0 if s else c for s, c in zip(skip, counts)]  # copying rows feed nothing this step
+            n = max(fed)
+            q = warp(next_logits(tokens[:, -n:], None if min(fed) == n else tuple(fed)), sampling)  # [B, M or V]
+            mixed = [not greedy and c is not None for c in copies]  # sampled copies mix into q
+            if any(mixed):
+                assert copy_ids is not None
+                q = vocab.expand(q) if vocab is not None else q  # [B, V]
+                weights = torch.tensor([s.weight if m and s is not None else 0.0 for s, m in zip(lookups, mixed)],
+                                       device=q.device)[:, None]  # [B, 1] (0 = q unchanged)
+                q = q * (1.0 - weights) + weights * _one_hot(copy_ids.to(q.device), q.shape[1])
+                tok = sample(q, gen)  # [B]
+            else:
+                tok = draw(q, sampling, gen)  # [B] index into the logits' columns
+                if vocab is not None:
+                    q, tok = vocab.expand(q), vocab.to_target(tok)  # [B, V], [B] target ids
+            if any(skip):
+                assert copy_ids is not None
+                mask = torch.tensor(skip, device=q.device)  # [B]
+                q = torch.where(mask[:, None], _one_hot(copy_ids.to(q.device), q.shape[1]), q)
+                tok = torch.where(mask.to(tok.device), copy_ids.to(tok.device), tok)
+        tok = tok.to(device)
+        counts = [c + 1 if s else 1 for c, s in zip(counts, skip)]  # a copying row still owes its tokens
+        longest = max(counts)
+        tokens = torch.cat([tokens, tok[:, None]], dim=1)[:, -longest:] if longest > 1 else tok[:, None]
+        if active:
+            for d, t in zip(drafted, tok.tolist()):
+                d.append(t)
+        out_tokens.append(tok)
+        out_probs.append(q)
+    if not out_tokens:
+        return Draft(token_ids=ctx.token_ids.new_zeros((batch, 0)))
+    return Draft(token_ids=torch.stack(out_tokens, dim=1), probs=torch.stack(out_probs, dim=1))  # [B, K], [B, K, V]
+
+
+def _committed(committed: Tensor | DraftContext) -> tuple[Tensor, tuple[int, ...] | None]:
+    """(token ids [B, T] left padded, each row's length or None = all T)."""
+    if isinstance(committed, DraftContext):
+        return committed.token_ids, committed.lengths
+    return committed, None
+
+
 class DraftCache:
     """A drafting model's own KV cache, kept in step with the committed tokens.
 
@@ -113,44 +235,109 @@ class DraftCache:
     longest prefix of its tokens that matches the committed ones, so the recovered / bonus token
     (and a fully accepted last draft token) are fed next round without recomputing the prefix, and
     a rejected draft never leaves stale K/V behind.
+
+    Batches: every row keeps its own longest common prefix (the runner's rows are cropped each to
+    its own length, `TargetModel.crop` with a list, and become ragged), `feed` returns the rows'
+    missing tokens as one `RowFeed`, and `keep_rows` follows the batch when rows finish. The
+    invariant: `row_lengths()` equals the runner's `row_lengths()`, and row i's cached tokens are
+    the first row_lengths()[i] of what it was fed.
     """
 
     def __init__(self, runner: TargetModel) -> None:
         self.runner = runner
-        self._ids: Tensor | None = None  # [1, L] tokens whose K/V the runner caches
+        self._ids: Tensor | None = None  # [B, L] tokens whose K/V the runner caches (row i: its first lens[i])
+        self._lens: list[int] | None = None  # each row's cached tokens when rows differ; None = all L
 
     @property
     def length(self) -> int:
-        """Positions cached."""
+        """Positions cached (the longest row's, in a batch)."""
         return 0 if self._ids is None else int(self._ids.shape[1])
+
+    def row_lengths(self) -> list[int]:
+        """Each row's cached tokens ([] while nothing is cached)."""
+        if self._ids is None:
+            return []
+        return list(self._lens) if self._lens is not None else [int(self._ids.shape[1])] * int(self._ids.shape[0])
+
+    def ids(self, row: int) -> Tensor:
+        """Row `row`'s cached tokens [L_i]."""
+        if self._ids is None:
+            raise ValueError("the draft cache is empty.")
+        return self._ids[row, : self.row_lengths()[row]]
 
     def reset(self) -> None:
         """New prompt: an empty cache."""
         self.runner.reset()
         self._ids = None
+        self._lens = None
 
-    def sync(self, committed: Tensor) -> None:
-        """Crop the cache to the longest common prefix of its tokens and committed [1, T]."""
+    def sync(self, committed: Tensor | DraftContext) -> None:
+        """Crop the cache to the longest common prefix of its tokens and committed [1, T] (or,
+        per row, of each row's and the context's row: a `DraftContext` or [B, T] all full)."""
+        tokens, lengths = _committed(committed)
         if self._ids is None:
             return
-        n = min(self._ids.shape[1], committed.shape[1])
-        same = (self._ids[0, :n] == committed[0, :n].to(self._ids.device)).long()  # [n]
-        self._crop(int(same.cumprod(0).sum()))
+        if self._ids.shape[0] != tokens.shape[0]:  # another batch: a new prompt
+            self.reset()
+            return
+        if tokens.shape[0] == 1:
+            n = min(self._ids.shape[1], tokens.shape[1])
+            same = (self._ids[0, :n] == tokens[0, :n].to(self._ids.device)).long()  # [n]
+            self._crop(int(same.cumprod(0).sum()))
+            return
+        self._crop_rows(self._common_prefix(tokens, lengths))
 
-    def feed(self, committed: Tensor) -> Tensor:
+    def feed(self, committed: Tensor | DraftContext) -> Tensor | RowFeed:
         """Sync with committed [1, T] and return the tokens the cache has not seen [1, n >= 1]
         (when everything is cached, the newest token is dropped from the cache and fed again:
-        its logits are the ones the next draft token needs)."""
-        self.sync(committed)
-        if self.length >= committed.shape[1]:
-            self._crop(committed.shape[1] - 1)
-        return committed[:, self.length :]
+        its logits are the ones the next draft token needs). A batch (B > 1) gets a `RowFeed`:
+        every row's missing tokens (>= 1 each), right aligned, in one [B, n] block."""
+        tokens, lengths = _committed(committed)
+        if tokens.shape[0] == 1:
+            self.sync(tokens)
+            if self.length >= tokens.shape[1]:
+                self._crop(tokens.shape[1] - 1)
+            return tokens[:, self.length :]
+        batch, width = tokens.shape
+        theirs = list(lengths) if lengths is not None else [int(width)] * batch
+        if self._ids is not None and self._ids.shape[0] != batch:
+            self.reset()
+        if self._ids is not None:
+            prefix = self._common_prefix(tokens, lengths)
+            self._crop_rows([min(p, t - 1) for p, t in zip(prefix, theirs)])
+        mine = self.row_lengths() or [0] * batch
+        need = [t - m for t, m in zip(theirs, mine)]  # >= 1 each
+        n = max(need)
+        return RowFeed(tokens[:, width - n :], None if min(need) == n else tuple(need))
 
-    def forward(self, feed: Tensor) -> Tensor:
-        """Run feed [1, n] after the cached positions; post-norm hidden [1, H] of the last one."""
-        hidden = self.runner.forward(feed, num_logits=0).hidden[:, -1]  # [1, H]
-        self._ids = feed if self._ids is None else torch.cat([self._ids, feed.to(self._ids.device)], dim=1)
+    def forward(self, feed: Tensor, counts: Sequence[int] | None = None) -> Tensor:
+        """Run feed [B, n] after the cached positions; post-norm hidden [B, H] of the last one.
+        counts: per row, how many of the last columns are real (`RowFeed`); None = all."""
+        valid = None if counts is None else feed_valid(feed.shape[1], counts)
+        hidden = self.runner.forward(feed, num_logits=0, valid=valid).hidden[:, -1]  # [B, H]
+        if counts is None and self._lens is None:
+            self._ids = feed if self._ids is None else torch.cat([self._ids, feed.to(self._ids.device)], dim=1)
+        else:
+            self._append_rows(feed, counts)
         return hidden
+
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        """Only these rows (indices into the current batch, in order) go on."""
+        rows = [int(r) for r in rows]
+        if self._ids is None:  # nothing cached: the runner's next forward sets its rows
+            return
+        if rows == list(range(self._ids.shape[0])):
+            return
+        mine = self.row_lengths()
+        kept = [mine[r] for r in rows]
+        if not kept or max(kept) == 0:
+            self.reset()
+            return
+        self.runner.keep_rows(rows)
+        width = max(kept)
+        index = torch.tensor(rows, dtype=torch.long, device=self._ids.device)
+        self._ids = self._ids.index_select(0, index)[:, :width]
+        self._lens = None if min(kept) == width else kept
 
     def _crop(self, keep: int) -> None:
         """Keep the first `keep` cached positions."""
@@ -161,3 +348,58 @@ class DraftCache:
             return
         self.runner.crop(keep)
         self._ids = self._ids[:, :keep]
+
+    def _crop_rows(self, keep: Sequence[int]) -> None:
+        """Keep the first keep[i] cached tokens of row i."""
+        if self._ids is None:
+            return
+        mine = self.row_lengths()
+        keep = [min(int(k), m) for k, m in zip(keep, mine)]
+        if keep == mine:
+            return
+        width = max(keep)
+        if width <= 0:
+            self.reset()
+            return
+        self.runner.crop(keep)
+        self._ids = self._ids[:, :width]
+        self._lens = None if min(keep) == width else keep
+
+    def _common_prefix(self, tokens: Tensor, lengths: Sequence[int] | None) -> list[int]:
+        """Per row, how many leading cached tokens equal the row's committed ones (one host sync)."""
+        assert self._ids is not None
+        batch, width = tokens.shape
+        mine = self.row_lengths()
+        theirs = list(lengths) if lengths is not None else [int(width)] * batch
+        n = min(int(self._ids.shape[1]), int(width))
+        if n == 0:
+            return [0] * batch
+        device = self._ids.device
+        cols = torch.arange(n, device=device)  # [n]
+        tokens = tokens.to(device)
+        if lengths is None:
+            left = tokens[:, :n]  # [B, n]
+        else:  # the context is left padded: move each row's tokens to column 0
+            shift = torch.tensor([width - t for t in theirs], dtype=torch.long, device=device)  # [B]
+            left = tokens.gather(1, (shift[:, None] + cols[None]).clamp(max=width - 1))  # [B, n]
+        limit = torch.tensor([min(a, b) for a, b in zip(mine, theirs)], dtype=torch.long, device=device)  # [B]
+        same = (self._ids[:, :n] == left) & (cols[None] < limit[:, None])  # [B, n]
+        return [int(x) for x in same.long().cumprod(1).sum(1).tolist()]
+
+    def _append_rows(self, feed: Tensor, counts: Sequence[int] | None) -> None:
+        """Row i's last counts[i] columns of feed [B, n] were cached after its own tokens."""
+        batch, n = feed.shape
+        mine = self.row_lengths() or [0] * batch
+        cnt = list(counts) if counts is not None else [int(n)] * batch
+        new = [m + c for m, c in zip(mine, cnt)]
+        width = max(new)
+        device = feed.device if self._ids is None else self._ids.device
+        ids = torch.zeros((batch, width + 1), dtype=torch.long, device=device)  # + a column for the padding
+        if self._ids is not None:
+            ids[:, : self._ids.shape[1]] = self._ids
+        start = torch.tensor([m - (n - c) for m, c in zip(mine, cnt)], dtype=torch.long, device=device)  # [B]
+        dest = start[:, None] + torch.arange(n, device=device)[None]  # [B, n]
+        real = dest >= torch.tensor(mine, dtype=torch.long, device=device)[:, None]
+        ids.scatter_(1, torch.where(real, dest, width), feed.to(device))
+        self._ids = ids[:, :width]
+        self._lens = None if min(new) == width else new

@@ -182,6 +182,7 @@ class KVBuffer:
 
     def keep_rows(self, rows: Tensor) -> None:
         """Keep only batch rows `rows` [b] (long), in this order: sequences that finished leave."""
+        rows = rows.to(self.device)
         for store in (self.keys, self.values):
             for i, old in enumerate(store):
                 store[i] = old.index_select(0, rows)
@@ -343,7 +344,10 @@ class FastStack:
                 position_ids: Tensor | None = None) -> Tensor:
         """All layers on token_ids [B, k] after the cache; post-norm hidden [B, k, H]."""
         if self.kv is None or self.kv.batch != token_ids.shape[0]:
-            self.reset(token_ids.shape[0])
+            if self._cache_owner is not None and self.seq_length(0) == 0:
+                self._cache_owner.reset(token_ids.shape[0])  # an empty shared cache takes the batch's rows
+            else:
+                self.reset(token_ids.shape[0])
         hidden = self.embed(token_ids)
         hidden = self.run_layers(hidden, 0, self.num_layers, self.seq_length(0), attention_mask, position_ids)
         return self.norm(hidden)

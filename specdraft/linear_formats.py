@@ -76,7 +76,10 @@ class PackedLinear:
         self.packed = (
             weight.device.type == "cpu"
             and torch.backends.mkldnn.is_available()
-            and weight.dtype in (torch.float32, torch.bfloat16)
+            and (weight.dtype == torch.float32
+                 # oneDNN packs bfloat16 only where the CPU has the instructions (AVX-512 BW/VL/DQ
+                 # or AVX-NE-CONVERT); elsewhere (AVX2) the plain product runs
+                 or (weight.dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()))
         )
         self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_ROWS) if self.packed else weight
         # rows 0..n-1 of the input are copied in; rows n.. hold whatever an earlier call left (zeros at

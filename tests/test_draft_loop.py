@@ -83,3 +83,106 @@ def test_draft_cache_keeps_the_longest_matching_prefix() -> None:
     torch.testing.assert_close(cache.forward(feed), plain_last_hidden([1, 2, 3, 4, 7]), rtol=1e-4, atol=1e-5)
     assert cache.feed(committed).tolist() == [[7]] and cache.length == 4  # all cached: the newest again
     assert cache.feed(torch.tensor([[9, 9]])).tolist() == [[9, 9]] and cache.length == 0  # a new prompt
+
+
+def _left_padded(rows: list[list[int]], pad: int = 0) -> torch.Tensor:
+    width = max(len(r) for r in rows)
+    return torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+
+
+def test_batched_greedy_copies_skip_the_model_per_row() -> None:
+    """B rows draft together: a row that copies feeds nothing that step (count 0) and feeds its
+    copies with its next forward; the model runs once per step for all the other rows."""
+    calls = []
+
+    def next_logits(tokens: torch.Tensor, counts: tuple[int, ...] | None) -> torch.Tensor:
+        n = tokens.shape[1]  # each row's real inputs: its last counts[i] columns (the rest is padding)
+        calls.append([row[n - c :] for row, c in zip(tokens.tolist(), counts or (n,) * len(tokens))])
+        return torch.nn.functional.one_hot(torch.tensor([5, 6]), 8).float()  # row 0 says 5, row 1 says 6
+
+    from specdraft.draft_loop import RowFeed
+
+    copies = {0: 3, 1: 4}  # row 0 copies twice, then follows the model; row 1 never copies
+    sources = [CopySource(lambda drafted: copies.get(len(drafted)), 0.9, 8), None]
+    sampling = SamplingConfig()
+    ctx = DraftContext(_left_padded([[1, 2], [3]]), None, sampling, sampling.make_generator(), lengths=(2, 1))
+    draft = draft_autoregressively(next_logits, RowFeed(ctx.token_ids, (2, 1)), 4, ctx, copy=sources)
+    assert draft.token_ids.tolist() == [[3, 4, 5, 5], [6, 6, 6, 6]] and draft.lengths is None
+    assert calls == [
+        [[], [3]],  # row 0 copies: it feeds nothing
+        [[], [6]],
+        [[1, 2, 3, 4], [6]],  # row 0 feeds its committed tokens and both copies at once
+        [[5], [6]],
+    ]
+    assert draft.probs.shape == (2, 4, 8) and draft.probs[0, 1].tolist() == [0, 0, 0, 0, 1, 0, 0, 0]
+    assert draft.probs[1, 0].tolist() == [0, 0, 0, 0, 0, 0, 1, 0]
+    calls.clear()
+    every = [CopySource(lambda drafted: 7, 1.0, 8)] * 2  # every row copies: the model never runs
+    assert draft_autoregressively(next_logits, RowFeed(ctx.token_ids, (2, 1)), 3, ctx, copy=every).token_ids.tolist() \
+        == [[7, 7, 7], [7, 7, 7]] and calls == []
+
+
+def test_batched_sampled_copies_mix_per_row_and_are_seeded() -> None:
+    def next_logits(tokens: torch.Tensor, counts: tuple[int, ...] | None) -> torch.Tensor:
+        return torch.zeros((tokens.shape[0], 4))  # q uniform over 4 tokens
+
+    sampling = SamplingConfig(temperature=1.0, seed=3)
+    ctx = DraftContext(torch.tensor([[1], [2]]), None, sampling, sampling.make_generator())
+    sources = [CopySource(lambda drafted: 3, 0.5, 4), None]
+    draft = draft_autoregressively(next_logits, torch.tensor([[1], [2]]), 2, ctx, copy=sources)
+    torch.testing.assert_close(draft.probs[0, 0], torch.tensor([0.125, 0.125, 0.125, 0.625]))
+    torch.testing.assert_close(draft.probs[1, 0], torch.full((4,), 0.25))
+    ctx2 = DraftContext(torch.tensor([[1], [2]]), None, sampling, sampling.make_generator())
+    again = draft_autoregressively(next_logits, torch.tensor([[1], [2]]), 2, ctx2, copy=sources)
+    assert again.token_ids.tolist() == draft.token_ids.tolist()
+
+
+def test_draft_cache_rows_keep_their_own_prefixes() -> None:
+    """A batch: every row of the drafting model's cache keeps its own longest prefix of its
+    committed tokens, is fed only what it misses (right aligned, padded) and matches a plain forward
+    of its tokens; rows that finish leave, and the last row goes on at batch size 1."""
+    from specdraft.draft_loop import DraftCache, RowFeed
+    from specdraft.models import tiny_random_target
+
+    runner = tiny_random_target(vocab_size=16, seed=2)
+    cache = DraftCache(runner)
+    cache.reset()
+    sampling = SamplingConfig()
+
+    def ctx_of(rows: list[list[int]]) -> DraftContext:
+        lengths = tuple(len(r) for r in rows)
+        return DraftContext(_left_padded(rows, pad=15), None, sampling, sampling.make_generator(),
+                            lengths=None if len(set(lengths)) == 1 else lengths)
+
+    def check_hidden(hidden: torch.Tensor, rows: list[list[int]]) -> None:
+        for h, ids in zip(hidden, rows):
+            with torch.inference_mode():
+                plain = runner.model.base_model(input_ids=torch.tensor([ids])).last_hidden_state[0, -1]
+            torch.testing.assert_close(h, plain, rtol=1e-4, atol=1e-5)
+
+    rows = [[1, 2, 3, 4], [5, 6], [7, 8, 9]]
+    feed = cache.feed(ctx_of(rows))
+    assert isinstance(feed, RowFeed) and feed.counts == (4, 2, 3)
+    check_hidden(cache.forward(feed.tokens, feed.counts), rows)
+    assert cache.row_lengths() == runner.row_lengths() == [4, 2, 3]
+    cache.forward(torch.tensor([[10], [11], [12]]))  # a drafted token per row enters the cache
+    assert cache.row_lengths() == runner.row_lengths() == [5, 3, 4]
+    # row 0 kept 10 and got 13, row 1's 11 was rejected for 14, row 2 kept 12 and got a bonus 15
+    rows = [[1, 2, 3, 4, 10, 13], [5, 6, 14], [7, 8, 9, 12, 15]]
+    cache.sync(ctx_of(rows))
+    assert cache.row_lengths() == runner.row_lengths() == [5, 2, 4]
+    assert [cache.ids(i).tolist() for i in range(3)] == [r[:n] for r, n in zip(rows, [5, 2, 4])]
+    feed = cache.feed(ctx_of(rows))
+    assert feed.tokens.tolist() == [[13], [14], [15]] and feed.counts is None
+    check_hidden(cache.forward(feed.tokens, feed.counts), rows)
+    feed = cache.feed(ctx_of(rows))  # all cached: every row's newest is fed again
+    assert feed.tokens.tolist() == [[13], [14], [15]] and cache.row_lengths() == [5, 2, 4]
+    cache.keep_rows([2, 0])  # row 1 finished
+    assert cache.row_lengths() == runner.row_lengths() == [4, 5]
+    rows = [rows[2], rows[0]]
+    feed = cache.feed(ctx_of(rows))
+    check_hidden(cache.forward(feed.tokens, feed.counts), rows)
+    cache.keep_rows([1])  # one row left: the batch-size-1 path
+    feed = cache.feed(torch.tensor([rows[1]]))
+    assert feed.tolist() == [[13]] and cache.row_lengths() == runner.row_lengths() == [5]
+    check_hidden(cache.forward(feed), [rows[1]])

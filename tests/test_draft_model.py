@@ -63,7 +63,7 @@ def test_rollback_leaves_no_stale_kv(tiny_target: TargetModel, sampling: Samplin
     first = drafter.propose(ctx_of(PROMPT, sampling), 4).token_ids[0].tolist()
     recovered = (first[1] + 1) % 16  # the target kept 1 draft token, then emitted another token
     committed = PROMPT + first[:1] + [recovered]
-    drafter.commit(ctx_of(committed, sampling), 1)
+    drafter.commit(ctx_of(committed, sampling), [1])
     again = drafter.propose(ctx_of(committed, sampling), 3)
 
     fresh = DraftModelDrafter(tiny_draft(), pruned_vocab=subset(), copy_ngram=None)
@@ -78,7 +78,7 @@ def test_full_acceptance_feeds_last_draft_and_bonus(tiny_target: TargetModel) ->
     drafter.bind(tiny_target)
     first = drafter.propose(ctx_of(PROMPT), 3).token_ids[0].tolist()
     committed = PROMPT + first + [4]  # all 3 accepted + a bonus token
-    drafter.commit(ctx_of(committed), 3)
+    drafter.commit(ctx_of(committed), [3])
     again = drafter.propose(ctx_of(committed), 2)
     fresh = DraftModelDrafter(tiny_draft(), pruned_vocab=None, copy_ngram=None)
     fresh.bind(tiny_target)
@@ -133,7 +133,7 @@ def test_copying_rollback_leaves_no_stale_kv(tiny_target: TargetModel, sampling:
     drafter.bind(tiny_target)
     first = drafter.propose(ctx_of(prompt, sampling), 4).token_ids[0].tolist()
     committed = prompt + first[:2] + [7]  # two kept, then a recovered token
-    drafter.commit(ctx_of(committed, sampling), 2)
+    drafter.commit(ctx_of(committed, sampling), [2])
     again = drafter.propose(ctx_of(committed, sampling), 3)
     fresh = DraftModelDrafter(tiny_draft(), pruned_vocab=subset(), copy_ngram=2)
     fresh.bind(tiny_target)
@@ -284,5 +284,5 @@ def test_propose_twice_on_the_same_context_is_repeatable(tiny_target: TargetMode
     drafter.bind(tiny_target)
     ctx = ctx_of(PROMPT)
     first = drafter.propose(ctx, 1)  # the cache now holds the whole context
-    drafter.commit(ctx, 0)
+    drafter.commit(ctx, [0])
     assert drafter.propose(ctx, 1).token_ids.tolist() == first.token_ids.tolist()
