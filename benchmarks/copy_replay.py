@@ -92,7 +92,7 @@ def replay(records: list[dict[str, Any]], make: Callable[[], Drafter], target: T
             emitted = truth[pos : pos + acc + 1]
             committed += emitted
             pos += len(emitted)
-            drafter.commit(DraftContext(torch.tensor([committed]), None, greedy, gen), acc)
+            drafter.commit(DraftContext(torch.tensor([committed]), None, greedy, gen), [acc])
             policy.observe(n, acc)
             cost += curve[n] + draft_cost * n
         drafter.learn(torch.tensor(prompt + truth), len(prompt))

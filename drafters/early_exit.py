@@ -16,12 +16,17 @@ A context adapter (`ExitAdapter(context=True)`) also reads the final-layer hidde
 position before each draft position: the target's own (`DraftContext.target_hidden`) for the first
 draft token, the exit's own output for the next ones.
 
+Batch size 1 only (`batched = False`): the shared cache is one prefix of layers < E that the draft
+and the verify forward share, and `TargetModel.forward_prefix` runs it for one sequence, not on
+ragged rows; decode a batch's prompts one by one.
+
     EarlyExitDrafter()                                  # the shipped adapter for smollm2-135m (layer 6)
     EarlyExitDrafter(exit_layer=4, adapter=None)        # the plain exit after layer 4, no adapter
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -94,12 +99,15 @@ class EarlyExitDrafter:
         vocabulary); None = the full vocabulary; a path to a `PrunedVocab` JSON; or a `PrunedVocab`.
         The exit then projects onto that subset of ids only (q is zero elsewhere, so verification
         stays exact): the full lm_head is most of a shallow exit's cost.
+
+    Batch size 1 only: the shared layer-< E cache (`TargetModel.forward_prefix`) is one sequence's.
     """
 
     needs_target_hidden: ClassVar[bool] = True  # read by context adapters (a slice of the verify output)
     hf_counterpart: ClassVar[str | None] = "hf_early_exit"  # transformers' assistant_early_exit
     verify_curve_tokens: ClassVar[int] = 0
     sizes_own_drafts: ClassVar[bool] = False
+    batched: ClassVar[bool] = False  # the shared prefix cache is one sequence's (module docstring)
 
     def __init__(
         self,
@@ -163,8 +171,16 @@ class EarlyExitDrafter:
         """Nothing is kept across requests."""
         return {}
 
-    def commit(self, ctx: DraftContext, num_accepted: int) -> None:
+    def commit(self, ctx: DraftContext, num_accepted: Sequence[int]) -> None:
         """Nothing to roll back: the target's crop already cut the shared cache."""
+
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        """Batch size 1: keeping row 0 is a no-op; anything else is not a batch this drafter ran."""
+        if list(rows) != [0]:
+            raise ValueError(
+                f"EarlyExitDrafter runs at batch size 1 only (its shared prefix cache is one sequence's), "
+                f"so keep_rows({list(rows)}) has no rows to keep; only [0] is valid."
+            )
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext, num_tokens: int) -> Draft:
@@ -172,8 +188,11 @@ class EarlyExitDrafter:
         target = self._target
         if target is None:
             raise ValueError("EarlyExitDrafter.propose called before bind(target).")
-        if ctx.token_ids.shape[0] != 1:
-            raise NotImplementedError("EarlyExitDrafter supports batch size 1.")
+        if ctx.batch_size != 1:
+            raise ValueError(
+                f"EarlyExitDrafter runs at batch size 1 only (its shared prefix cache is one sequence's), "
+                f"got {ctx.batch_size} rows; decode the prompts one by one."
+            )
         if target.cache_length != ctx.token_ids.shape[1] - 1:
             raise ValueError(
                 f"the target caches {target.cache_length} positions but the context has "

@@ -12,11 +12,15 @@ head's warped distribution, returned as q: the heads do not condition on the ear
 which is still a valid q for the lossless verifier), or a candidate tree (plain lists of top-k rank
 paths) verified in one forward with a tree mask (`specdraft.tree`): greedily at temperature 0, by
 rejection sampling over the siblings (one-hot q, residual renormalised) at temperature > 0.
+
+Trees at batch size 1 only, a chain at B > 1: the decoder verifies a tree with one tree mask for
+the whole batch (`specdraft.tree`), so a batch (`generate_batch`) gets every row's chain from the
+heads, drafted for all rows at once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -70,12 +74,16 @@ class MedusaDrafter:
         (pruned_vocab.json, the one they were trained on), much cheaper than the full lm_head;
         None = the full vocabulary; or a path / `specdraft.vocab.PrunedVocab`. Tokens outside it
         are never proposed; verification stays exact either way.
+
+    Batched: the tree at batch size 1 only; at B > 1 the chain for all rows at once (module
+    docstring: one tree mask per batch). No per-row state.
     """
 
     needs_target_hidden: ClassVar[bool] = True
     hf_counterpart: ClassVar[str | None] = None
     verify_curve_tokens: ClassVar[int] = MAX_TREE_NODES  # tree="auto" is sized on the curve
     sizes_own_drafts: ClassVar[bool] = False
+    batched: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -150,8 +158,11 @@ class MedusaDrafter:
         """Nothing is kept across requests."""
         return {}
 
-    def commit(self, ctx: DraftContext, num_accepted: int) -> None:
+    def commit(self, ctx: DraftContext, num_accepted: Sequence[int]) -> None:
         """Nothing to roll back."""
+
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        """No per-row state: the hidden states come with every DraftContext."""
 
     def head_logits(self, hidden: Tensor) -> Tensor:
         """hidden [B, H] -> logits [B, K, M] of the heads in use (M = the pruned vocabulary's size or V)."""
@@ -165,23 +176,24 @@ class MedusaDrafter:
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext, num_tokens: int) -> Draft:
-        self._size_auto_tree(ctx)
+        batch = ctx.batch_size
+        if batch == 1:
+            self._size_auto_tree(ctx)  # a tree is drafted at batch size 1 only
         hidden = ctx.target_hidden  # [B, H] or None
-        empty = torch.empty((ctx.token_ids.shape[0], 0), dtype=torch.long, device=ctx.token_ids.device)
+        empty = torch.empty((batch, 0), dtype=torch.long, device=ctx.token_ids.device)
         if hidden is None or num_tokens <= 0:
             return Draft(token_ids=empty)
-        if hidden.shape[0] != 1:
-            raise NotImplementedError("MedusaDrafter supports batch size 1.")
+        tree = self.paths if batch == 1 else None
         if self._compiled is not None and self._compiled.recurrent:
-            return self._propose_recurrent(ctx, hidden, num_tokens)
-        logits = self.head_logits(hidden)  # [1, K, M]
-        if self.paths:  # candidates = top-k ranks; verified losslessly at any temperature (specdraft.tree)
-            return tree_draft(self.paths, logits[0], num_tokens, self.vocab)
-        logits = logits[:, :num_tokens]  # [1, K', M]
+            return self._propose_recurrent(ctx, hidden, num_tokens, tree)
+        logits = self.head_logits(hidden)  # [B, K, M]
+        if tree:  # candidates = top-k ranks; verified losslessly at any temperature (specdraft.tree)
+            return tree_draft(tree, logits[0], num_tokens, self.vocab)
+        logits = logits[:, :num_tokens]  # [B, K', M]
         if ctx.sampling.greedy:
             return Draft(token_ids=self._to_target(logits.argmax(dim=-1)))
-        q = warp(logits, ctx.sampling)  # [1, K', M]
-        tokens = self._to_target(sample(q, ctx.generator).to(logits.device))  # [1, K']
+        q = warp(logits, ctx.sampling)  # [B, K', M]
+        tokens = self._to_target(sample(q, ctx.generator).to(logits.device))  # [B, K']
         return Draft(token_ids=tokens, probs=self._on_target_vocab(q))
 
     # ------------------------------------------------------------------ internals
@@ -210,31 +222,33 @@ class MedusaDrafter:
                 target.forward(ctx.token_ids[:, :cached].to(target.device), num_logits=0)
         self.paths = resolve_tree(AUTO, self._accuracy, len(self._compiled.blocks), self.tree_curve)
 
-    def _propose_recurrent(self, ctx: DraftContext, hidden: Tensor, num_tokens: int) -> Draft:
-        """Recurrent heads: each head is told the token drafted before it (K sequential steps)."""
+    def _propose_recurrent(self, ctx: DraftContext, hidden: Tensor, num_tokens: int,
+                           tree: list[Path_] | None) -> Draft:
+        """Recurrent heads: each head is told the token drafted before it (K sequential steps, all
+        rows at once); `tree`: the candidate tree (batch size 1), None = a chain."""
         compiled = self._compiled
         assert compiled is not None and self._step is not None
-        newest = ctx.token_ids[:, -1]  # [1] y_0
-        if self.paths:  # a node's children come from its own path's head state
-            return path_tree_draft(self.paths, self._step, hidden, newest, num_tokens, self.vocab)
+        newest = ctx.token_ids[:, -1]  # [B] y_0
+        if tree:  # a node's children come from its own path's head state
+            return path_tree_draft(tree, self._step, hidden, newest, num_tokens, self.vocab)
         state, token = hidden, newest
         tokens, qs = [], []
         for k in range(min(num_tokens, len(compiled.blocks))):
-            state, logits = self._step(k, state, token)  # [1, H], [1, M]
+            state, logits = self._step(k, state, token)  # [B, H], [B, M]
             if ctx.sampling.greedy:
-                index = logits.argmax(dim=-1)  # [1]
+                index = logits.argmax(dim=-1)  # [B]
             else:
-                q = warp(logits, ctx.sampling)  # [1, M] q of this head given the draft before it
+                q = warp(logits, ctx.sampling)  # [B, M] q of this head given the draft before it
                 index = sample(q, ctx.generator).to(logits.device)
                 qs.append(q)
             token = self._to_target(index)
             tokens.append(token)
         if not tokens:
-            return Draft(token_ids=ctx.token_ids.new_empty((1, 0)))
-        ids = torch.stack(tokens, dim=1)  # [1, K']
+            return Draft(token_ids=ctx.token_ids.new_empty((ctx.batch_size, 0)))
+        ids = torch.stack(tokens, dim=1)  # [B, K']
         if ctx.sampling.greedy:
             return Draft(token_ids=ids)
-        return Draft(token_ids=ids, probs=self._on_target_vocab(torch.stack(qs, dim=1)))  # q [1, K', V]
+        return Draft(token_ids=ids, probs=self._on_target_vocab(torch.stack(qs, dim=1)))  # q [B, K', V]
 
     @property
     def model_vocab(self) -> int:

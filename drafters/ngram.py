@@ -4,11 +4,13 @@ When the output repeats the prompt (code edits, extraction, summaries that quote
 an earlier occurrence of the last n tokens are a free, often right, draft. The drafter keeps an
 incremental index {n-gram -> end position of its most recent occurrence} over the committed tokens,
 so each round costs O(new tokens * n) dictionary updates instead of a scan of the whole context.
+In a batch every row has its own index (a row copies only from its own prompt and output).
 Deterministic: `Draft.probs` is None (one-hot q), which the verifier handles losslessly.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -72,6 +74,18 @@ class NGramIndex:
         return []
 
 
+def new_row_tokens(ctx: DraftContext, have: Sequence[int]) -> list[list[int]]:
+    """Each row's committed tokens past its first have[i] (have[i] <= its length): one host copy
+    of the newest columns for all rows, so a round costs O(new tokens), not O(context)."""
+    lengths = ctx.row_lengths()
+    counts = [n - h for n, h in zip(lengths, have)]  # new tokens per row
+    m = max(counts)
+    if m <= 0:
+        return [[] for _ in counts]
+    tail = ctx.token_ids[:, ctx.token_ids.shape[1] - m :].tolist()  # [B, m] the newest columns
+    return [row[m - c :] if c > 0 else [] for row, c in zip(tail, counts)]
+
+
 def ngram_propose(token_ids: list[int], num_tokens: int, min_ngram: int, max_ngram: int) -> list[int]:
     """Pure function form of the matcher (used by tests and as the reference semantics)."""
     index = NGramIndex(min_ngram, max_ngram)
@@ -83,12 +97,14 @@ class NGramDrafter:
     """Prompt-lookup drafter. `specdraft-generate drafter=ngram drafter.max_ngram=4`.
 
     min_ngram / max_ngram: suffix lengths tried, longest first; the most recent occurrence wins.
+    Batched: one index per row; rows whose match is shorter are padded (`Draft.lengths`).
     """
 
     needs_target_hidden: ClassVar[bool] = False
     hf_counterpart: ClassVar[str | None] = "hf_prompt_lookup"
     verify_curve_tokens: ClassVar[int] = 0
     sizes_own_drafts: ClassVar[bool] = False
+    batched: ClassVar[bool] = True
 
     def __init__(self, min_ngram: int = 1, max_ngram: int = 3) -> None:
         if not 1 <= min_ngram <= max_ngram:
@@ -97,7 +113,8 @@ class NGramDrafter:
             )
         self.min_ngram = min_ngram
         self.max_ngram = max_ngram
-        self._index = NGramIndex(min_ngram, max_ngram)
+        self._indexes: list[NGramIndex] = []  # one per row of the current batch
+        self.reset()
 
     def bind(self, target: TargetModel) -> None:
         """Nothing to share: the drafter only reads token ids."""
@@ -108,19 +125,43 @@ class NGramDrafter:
         return {}
 
     def reset(self) -> None:
-        self._index = NGramIndex(self.min_ngram, self.max_ngram)
+        self._indexes = [NGramIndex(self.min_ngram, self.max_ngram)]
+
+    def _rows(self, ctx: DraftContext) -> list[NGramIndex]:
+        """The per-row indexes, caught up on ctx's committed tokens (another batch size than the
+        indexes have, without `keep_rows`, is a new batch: start over)."""
+        b = ctx.batch_size
+        if len(self._indexes) != b:
+            self._indexes = [NGramIndex(self.min_ngram, self.max_ngram) for _ in range(b)]
+        if b == 1:
+            self._indexes[0].catch_up(ctx.token_ids[0])
+            return self._indexes
+        for i, n in enumerate(ctx.row_lengths()):
+            if n < len(self._indexes[i].tokens):  # a row shorter than its index: a new prompt
+                self._indexes[i] = NGramIndex(self.min_ngram, self.max_ngram)
+        for index, new in zip(self._indexes, new_row_tokens(ctx, [len(ix.tokens) for ix in self._indexes])):
+            if new:
+                index.extend(new)
+        return self._indexes
 
     def propose(self, ctx: DraftContext, num_tokens: int) -> Draft:
-        if ctx.token_ids.shape[0] != 1:
-            raise NotImplementedError("NGramDrafter supports batch size 1.")
-        self._index.catch_up(ctx.token_ids[0])
-        proposal = self._index.propose(num_tokens)
-        ids = torch.tensor([proposal], dtype=torch.long).reshape(1, len(proposal))  # [1, K]
-        return Draft(token_ids=ids)
+        indexes = self._rows(ctx)
+        if len(indexes) == 1:
+            proposal = indexes[0].propose(num_tokens)
+            return Draft(token_ids=torch.tensor([proposal], dtype=torch.long).reshape(1, len(proposal)))  # [1, K]
+        proposals = [index.propose(num_tokens) for index in indexes]
+        counts = [len(p) for p in proposals]
+        k = max(counts)
+        ids = torch.tensor([p + [0] * (k - len(p)) for p in proposals], dtype=torch.long).reshape(len(proposals), k)  # [B, K]
+        lengths = None if min(counts) == k else torch.tensor(counts, dtype=torch.long)  # [B]
+        return Draft(token_ids=ids, lengths=lengths)
 
     def learn(self, token_ids: torch.Tensor, prompt_len: int) -> dict[str, Any]:
         """Nothing is kept across requests."""
         return {}
 
-    def commit(self, ctx: DraftContext, num_accepted: int) -> None:
-        self._index.catch_up(ctx.token_ids[0])
+    def commit(self, ctx: DraftContext, num_accepted: Sequence[int]) -> None:
+        self._rows(ctx)
+
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        self._indexes = [self._indexes[r] for r in rows]

@@ -12,6 +12,10 @@ verified at all. The default proposes the most frequent chain through that tree;
 tree itself (one forward with a tree mask; on the CPU target a tree round costs more than the chain
 curve says, so the chain is the default: benchmarks/RESULTS.md, "Suffix decoding").
 
+Batched (`generate_batch`): every row has its own local index (its own prompt + output); the store
+is shared. Each row drafts its most frequent chain, sized by the same rule, and shorter rows are
+padded (`Draft.lengths`). Trees are batch-1 only (see `SuffixDrafter`).
+
 The store learns from finished generations (`learn`, called by the decoder after each `generate`,
 by the bench once per prompt) and can be saved to and loaded from a file (`save_store`,
 `store_path`), so a deployment warms it from earlier traffic. Candidates are deterministic
@@ -30,6 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
+from drafters.ngram import new_row_tokens
 from drafters.suffix_index import Candidate, SuffixIndex, best_chain, continuation_tree
 from specdraft import costs
 from specdraft.protocol import Draft, DraftContext
@@ -77,12 +82,18 @@ class SuffixDrafter:
         evidence when they share a long context (a short match there drafts other requests' words
         and, worse, teaches the K policy that drafting does not pay).
     store_path: a store file (`save_store`) to start from; None = start empty.
+
+    Trees at batch size 1 only: the decoder verifies a tree with one tree mask for the whole batch
+    (`specdraft.tree`), so at B > 1 every row drafts its best chain instead, even with tree=true.
+    Every round's size is chosen on the target's batch-1 verify-cost curve (measured before the
+    generation; measuring a batch curve mid-generation would clear the target's cache).
     """
 
     needs_target_hidden: ClassVar[bool] = False
     hf_counterpart: ClassVar[str | None] = None
     verify_curve_tokens: ClassVar[int] = MAX_NODES
     sizes_own_drafts: ClassVar[bool] = True  # every round's node count is chosen on the verify curve
+    batched: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -119,6 +130,7 @@ class SuffixDrafter:
             self._load_store(store_path)
         self._curve: list[float] | None = None
         self._target: TargetModel | None = None
+        self.locals: list[SuffixIndex] = []  # one local index per row of the current batch
         self.reset()
 
     # ------------------------------------------------------------------------------- protocol
@@ -131,27 +143,42 @@ class SuffixDrafter:
             )
         self._target, self._curve = target, None
 
+    @property
+    def local(self) -> SuffixIndex:
+        """Row 0's local index (the request's, at batch size 1)."""
+        return self.locals[0]
+
     def reset(self) -> None:
-        """A new request: an empty local index (the store keeps what it learned)."""
-        self.local = SuffixIndex(self.anchor)
-        self._local_seq = self.local.start()
+        """A new request (or batch): empty local indexes (the store keeps what it learned)."""
+        self.locals = [self._new_local()]
 
     def propose(self, ctx: DraftContext, num_tokens: int) -> Draft:
-        if ctx.token_ids.shape[0] != 1:
-            raise NotImplementedError("SuffixDrafter supports batch size 1.")
-        self._catch_up(ctx.token_ids[0])
-        context = self.local.sequences[self._local_seq]
-        nodes = self.speculate(context, min(num_tokens, MAX_NODES))
-        nodes = nodes[: nodes_worth_verifying(nodes, self._verify_curve())]
+        self._catch_up(ctx)
         device = ctx.token_ids.device
-        ids = torch.tensor([[n.token for n in nodes]], dtype=torch.long, device=device).reshape(1, len(nodes))  # [1, N]
-        if not self.tree:
-            return Draft(token_ids=ids)
-        parents = torch.tensor([[n.parent for n in nodes]], dtype=torch.long, device=device).reshape(1, len(nodes))
-        return Draft(token_ids=ids, parents=parents)  # [1, N] each
+        curve = self._verify_curve()
+        if len(self.locals) == 1:
+            nodes = self.speculate(self.locals[0].sequences[0], min(num_tokens, MAX_NODES))
+            nodes = nodes[: nodes_worth_verifying(nodes, curve)]
+            ids = torch.tensor([[n.token for n in nodes]], dtype=torch.long, device=device).reshape(1, len(nodes))  # [1, N]
+            if not self.tree:
+                return Draft(token_ids=ids)
+            parents = torch.tensor([[n.parent for n in nodes]], dtype=torch.long, device=device).reshape(1, len(nodes))
+            return Draft(token_ids=ids, parents=parents)  # [1, N] each
+        chains = []  # a chain per row: the decoder verifies trees at batch size 1 only
+        for local in self.locals:
+            nodes = self.speculate(local.sequences[0], min(num_tokens, MAX_NODES), local=local, tree=False)
+            chains.append([n.token for n in nodes[: nodes_worth_verifying(nodes, curve)]])
+        counts = [len(c) for c in chains]
+        k = max(counts)
+        ids = torch.tensor([c + [0] * (k - len(c)) for c in chains], dtype=torch.long, device=device)
+        lengths = None if min(counts) == k else torch.tensor(counts, dtype=torch.long, device=device)
+        return Draft(token_ids=ids.reshape(len(chains), k), lengths=lengths)  # [B, K], [B]
 
-    def commit(self, ctx: DraftContext, num_accepted: int) -> None:
-        self._catch_up(ctx.token_ids[0])
+    def commit(self, ctx: DraftContext, num_accepted: Sequence[int]) -> None:
+        self._catch_up(ctx)
+
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        self.locals = [self.locals[r] for r in rows]
 
     def learn(self, token_ids: Tensor, prompt_len: int) -> dict[str, Any]:
         """Remember a finished generation's output (token_ids [T] = prompt + output) in the store;
@@ -163,11 +190,15 @@ class SuffixDrafter:
         return self.store_stats()
 
     # ------------------------------------------------------------------------------- drafting
-    def speculate(self, context: Sequence[int], max_nodes: int) -> list[Candidate]:
+    def speculate(self, context: Sequence[int], max_nodes: int, local: SuffixIndex | None = None,
+                  tree: bool | None = None) -> list[Candidate]:
         """The best candidates (best first, parents first) continuing `context`, from the local
-        index or the store, whichever promises more accepted tokens; a chain when tree=false."""
+        index (`local`, default row 0's) or the store, whichever promises more accepted tokens; a
+        chain unless `tree` (default: the drafter's tree option)."""
+        local = self.locals[0] if local is None else local
+        tree = self.tree if tree is None else tree
         best: list[Candidate] = []
-        for index in (self.local, self.store):
+        for index in (local, self.store):
             if index is None:
                 continue
             match = index.match(context, self.max_match, self.max_occurrences)
@@ -175,19 +206,34 @@ class SuffixDrafter:
                 continue
             depth = min(int(self.spec_factor * match.length + self.spec_offset), max_nodes)
             windows = index.continuations(match, depth)
-            nodes = (continuation_tree(windows, max_nodes, self.min_prob) if self.tree
+            nodes = (continuation_tree(windows, max_nodes, self.min_prob) if tree
                      else best_chain(windows, self.min_prob))
             if expected_tokens(nodes) > expected_tokens(best):
                 best = nodes
         return best
 
-    def _catch_up(self, committed: Tensor) -> None:
-        """Index the committed tokens [T] not yet in the local index (they only grow per request)."""
-        have = len(self.local.sequences[self._local_seq])
-        if committed.shape[0] < have:
+    def _new_local(self) -> SuffixIndex:
+        """An empty local index whose one growing sequence (id 0) is a row's prompt + output."""
+        local = SuffixIndex(self.anchor)
+        local.start()
+        return local
+
+    def _catch_up(self, ctx: DraftContext) -> None:
+        """Index every row's committed tokens not yet in its local index (they only grow per
+        request; another batch size than the indexes have, without `keep_rows`, is a new batch)."""
+        b = ctx.batch_size
+        if len(self.locals) != b:
+            self.locals = [self._new_local() for _ in range(b)]
+        have = [len(local.sequences[0]) for local in self.locals]
+        if any(n < h for n, h in zip(ctx.row_lengths(), have)):
             raise ValueError("the committed tokens shrank within a request; call reset() for a new prompt.")
-        if committed.shape[0] > have:
-            self.local.extend(self._local_seq, committed[have:].tolist())
+        if b == 1:
+            if ctx.token_ids.shape[1] > have[0]:
+                self.locals[0].extend(0, ctx.token_ids[0, have[0] :].tolist())
+            return
+        for local, new in zip(self.locals, new_row_tokens(ctx, have)):
+            if new:
+                local.extend(0, new)
 
     def _verify_curve(self) -> list[float]:
         """T_v(n) / T_v(0) for n = 0..MAX_NODES on the bound target (measured once per process and

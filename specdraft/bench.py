@@ -15,6 +15,10 @@ ratio comes from one run on one machine state. Writes into Hydra's run dir:
                    for multi-turn categories
     *.png          acceptance per position, speedup per category, measured vs predicted speedup
 
+With bench.batch_sizes (e.g. [1,2,4,8]) the bench then also sweeps batch sizes: AR and every
+drafter decode b prompts at once (`specdraft.batch_bench`; batch_results.json, a "## Batch sizes"
+section in results.md, speedup_vs_batch.png).
+
 llama.cpp peers (`llamacpp`, `llamacpp_lookup`, `llamacpp_q4`; built by `make llamacpp`,
 `specdraft.llamacpp`) run the same prompt tokens and budget through llama.cpp's own tools, timed by
 llama.cpp's timers. The physical limit (`specdraft.roofline`): the machine's read bandwidth is
@@ -61,7 +65,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from specdraft import bench_checks, costs, llamacpp, machine_load, roofline, theory
+from specdraft import batch_bench, bench_checks, costs, llamacpp, machine_load, roofline, theory
 from specdraft.build import drafter_config, make_decoder, make_drafter
 from specdraft.console import hydra_cli
 from specdraft.decode import SpeculativeDecoder
@@ -91,7 +95,7 @@ LLAMACPP_PEERS = {
 PEERS = HF_PEERS + tuple(LLAMACPP_PEERS)
 # Ours vs llama.cpp: the method of ours (by its bench name) that does what a llama.cpp peer does.
 LLAMACPP_COUNTERPARTS = {AR: "llamacpp", "ngram": "llamacpp_lookup"}
-OUTPUTS = ("results.json", "results.md", *PLOT_FILES)  # what a run writes into its folder
+OUTPUTS = ("results.json", "results.md", *PLOT_FILES, *batch_bench.OUTPUTS)  # what a run writes into its folder
 
 
 @runtime_checkable
@@ -418,6 +422,7 @@ def plan_bench(cfg: DictConfig, out_dir: Path) -> BenchPlan:
     where `bench_checks.preview_target` can read them) and raise one ValueError naming every
     problem; else the prompts to run."""
     problems = bench_checks.setting_problems(cfg, PEERS, drafter_config, tuple(LLAMACPP_PEERS))
+    problems += batch_bench.setting_problems(cfg)
     prompts, suite_problems = bench_checks.suite_problems(cfg)
     problems += suite_problems
     problems += bench_checks.output_problems(out_dir, OUTPUTS, bool(cfg.bench.get("overwrite", False)))
@@ -635,6 +640,10 @@ def run_bench(cfg: DictConfig, out_dir: Path, plan: BenchPlan | None = None) -> 
     result = write(partial=False)
     if cfg.bench.plots:
         write_plots(result, out_dir)
+    if batch_bench.batch_sizes(cfg):  # the batch-size sweep: batch_results.json, its section of results.md
+        sweep = batch_bench.run_sweep(cfg, target, methods, plan.prompts, out_dir, AR, curve_tokens)
+        write_text_atomically(out_dir / "results.md",
+                              render_markdown(result) + "\n" + batch_bench.render_markdown(sweep))
     return result
 
 

@@ -1,13 +1,18 @@
 """SpeculativeDecoder: the decoding loop shared by every drafter and by the AR baseline.
 
-One round:
-    1. the drafter proposes K tokens continuing the committed sequence,
-    2. the target scores [newest token] + draft (K+1 positions) in ONE forward with its KV cache,
-    3. the verifier keeps `num_accepted` draft tokens and emits one more (recovered or bonus),
-    4. the target's cache is cropped to the accepted prefix and the drafter commits.
+One round, for every live row of a batch at once:
+    1. the drafter proposes K tokens continuing each row's committed sequence,
+    2. the target scores [newest token] + draft (K+1 positions per row) in ONE forward,
+    3. the verifier keeps each row's own `num_accepted` draft tokens and emits one more,
+    4. the target's cache is cropped to each row's accepted prefix and the drafter commits.
 The newest committed token is never in the target's cache at the start of a round: it is the first
 input of the next forward. The autoregressive baseline is this same loop with K = 0 (`drafter=None`),
-so speedups compare like with like.
+so speedups compare like with like. `generate` is a batch of one; `generate_batch` decodes prompts
+of different lengths together: their rows live in one KV cache with a length each
+(`specdraft.ragged`), each stops on its own stop token or budget and then leaves the batch, and the
+cost model picks one K per round for the live batch size (`specdraft.draft_length`). Candidate
+trees are verified at batch size 1 only (one tree mask per forward); a tree drafter drafts a chain
+per row in a batch.
 """
 
 from __future__ import annotations

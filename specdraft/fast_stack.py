@@ -300,6 +300,11 @@ class FastStack:
         assert self.kv is not None
         self.kv.layout = layout
 
+    def end_layout(self) -> None:
+        """The rows are aligned again (every column valid): plain positions from now on."""
+        if self.kv is not None:
+            self.kv.layout = None
+
     def gather_columns(self, index: Tensor) -> None:
         assert self.kv is not None
         self.kv.gather_columns(index)

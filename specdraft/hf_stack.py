@@ -37,6 +37,10 @@ class HFStack:
             self.reset()
         self.layout = layout
 
+    def end_layout(self) -> None:
+        """The rows are aligned again (every column valid): plain positions from now on."""
+        self.layout = None
+
     def gather_columns(self, index: Tensor) -> None:
         """Row i keeps columns index[i] [W] in every layer: `RowLayout.compaction`."""
         assert self.cache is not None

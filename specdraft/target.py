@@ -227,7 +227,7 @@ class TargetModel:
         layout = self._stack.layout
         if layout is not None:  # the columns only the dropped rows used go, and maybe the holes
             self._stack.crop(layout.crop_rows(layout.row_lengths()), self.num_layers)
-            self._compact()
+            self._compact(force=len(rows) == 1)  # one row left: packed, it is a plain batch of one again
 
     def _start_layout(self) -> None:
         """Start tracking ragged rows: every cached column so far belongs to every row."""
@@ -244,6 +244,8 @@ class TargetModel:
             assert layout is not None
             self._stack.gather_columns(index)
             layout.packed()
+        if layout is not None and bool(layout.valid.all()):  # the rows are aligned again: no layout needed
+            self._stack.end_layout()
 
     def with_weights(self, weights: WeightFormat, head: bool = False) -> TargetModel:
         """This target's model with its projections stored in `weights`, reading and writing THIS

@@ -19,6 +19,7 @@ import conf
 from drafters.early_exit import EarlyExitDrafter, resolve_adapter
 from specdraft.decode import SpeculativeDecoder
 from specdraft.models import tiny_random_target
+from specdraft.protocol import DraftContext
 from specdraft.sampling import SamplingConfig
 from specdraft.target import TargetModel
 from specdraft.vocab import VOCAB_FILE, resolve_pruned_vocab
@@ -221,6 +222,22 @@ def test_bad_arguments(deep_target: TargetModel, adapter_dir: Path) -> None:
         EarlyExitDrafter(exit_layer=LAYERS + 1, adapter=None).bind(deep_target)
     with pytest.raises(ValueError, match="neither a directory"):
         EarlyExitDrafter(exit_layer=1, adapter="no-such-adapter")
+
+
+def test_batch_size_one_only(deep_target: TargetModel) -> None:
+    """The shared prefix cache is one sequence's: a batch is refused up front, naming the reason."""
+    drafter = EarlyExitDrafter(exit_layer=2, adapter=None)
+    assert EarlyExitDrafter.batched is False
+    dec = SpeculativeDecoder(deep_target, drafter, 3)
+    with pytest.raises(ValueError, match="batch"):
+        dec.generate_batch([PROMPT, [3, 4]], 8, stop_token_ids=[])
+    drafter.keep_rows([0])  # batch size 1: a no-op
+    with pytest.raises(ValueError, match="batch size 1"):
+        drafter.keep_rows([1])
+    with pytest.raises(ValueError, match="batch size 1"):
+        drafter.propose(DraftContext(torch.tensor([[1, 2], [3, 4]]), None, SamplingConfig(), torch.Generator()), 2)
+    out = dec.generate_batch([PROMPT], 8, stop_token_ids=[])  # a batch of one is fine
+    assert out[0].token_ids[0].tolist() == plain_greedy(deep_target, PROMPT, 8)
 
 
 def test_shipped_adapter_is_the_default() -> None:

@@ -161,7 +161,7 @@ def test_ngram_rounds_do_the_same_work_at_any_context() -> None:
             drafter.reset()
             drafter.propose(ctx(length), 5)
             for r in range(1, 8):
-                drafter.commit(ctx(length + 3 * r), 2)
+                drafter.commit(ctx(length + 3 * r), [2])
                 drafter.propose(ctx(length + 3 * r), 5)
 
         def first() -> None:

@@ -1,5 +1,6 @@
 """Medusa heads and drafter: fresh heads equal the lm_head, greedy exactness (chain and tree) and
-statistical losslessness at temperature 1, on tiny random targets with randomly initialised heads."""
+statistical losslessness at temperature 1, on tiny random targets with randomly initialised heads;
+batches (a chain at B > 1) equal one prompt at a time."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from tests.helpers import (
     pooled_chisquare,
     sample_two_tokens,
 )
+from tests.test_ngram import auto_decoder, batch_equals_one_by_one, check_batches, flat_verify_costs
 
 TREE = [[0], [1], [0, 0], [2], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1]]
 
@@ -341,3 +343,47 @@ def test_auto_tree_follows_the_curve_it_is_given(tmp_path, monkeypatch) -> None:
         assert drafter.tree_curve == curve and draft.num_tokens == len(drafter.paths)
         sizes[name] = len(drafter.paths)
     assert 1 <= sizes["steep"] < sizes["flat"]
+
+
+# ------------------------------------------------------------------------------- batches
+@pytest.mark.parametrize("k", [3, "auto"])
+@pytest.mark.parametrize("recurrent", [False, True], ids=["plain", "recurrent"])
+def test_batch_equals_one_by_one(k: int | str, recurrent: bool) -> None:
+    from specdraft.models import tiny_random_target
+
+    target = flat_verify_costs(tiny_random_target(vocab_size=16, seed=17 if recurrent else 11))  # heads that hit
+    drafter = drafter_with(target, seed=0, recurrent=recurrent)
+    dec = SpeculativeDecoder(target, drafter, num_draft_tokens=k) if k != "auto" else auto_decoder(target, drafter, 3)
+    check_batches(dec)
+
+
+@pytest.mark.parametrize("recurrent", [False, True], ids=["plain", "recurrent"])
+def test_batch_proposes_a_chain_for_every_row(tiny_target: TargetModel, recurrent: bool) -> None:
+    """Trees at batch size 1 only: at B > 1 the heads' chain for all rows at once, row i's the
+    same as row i alone (greedy), and a q per row when sampling."""
+    drafter = drafter_with(tiny_target, tree=TREE, recurrent=recurrent)
+    hidden = torch.randn(3, tiny_target.hidden_size)  # [B, H]
+    tokens = torch.tensor([[1, 4], [0, 2], [3, 5]])
+    greedy = DraftContext(tokens, hidden, SamplingConfig(), torch.Generator(), lengths=(2, 1, 2))
+    draft = drafter.propose(greedy, 3)
+    assert draft.parents is None and draft.token_ids.shape == (3, 3) and draft.lengths is None
+    chain = MedusaDrafter(heads=None, tree=None)
+    chain.attach(drafter.model)
+    for i in range(3):
+        alone = chain.propose(DraftContext(tokens[i : i + 1], hidden[i : i + 1], SamplingConfig(), torch.Generator()), 3)
+        assert torch.equal(draft.token_ids[i], alone.token_ids[0])
+    sampled = DraftContext(tokens, hidden, SamplingConfig(temperature=1.0), torch.Generator().manual_seed(0))
+    draft = drafter.propose(sampled, 2)
+    assert draft.token_ids.shape == (3, 2) and draft.probs.shape == (3, 2, tiny_target.vocab_size)
+    assert torch.allclose(draft.probs.sum(-1), torch.ones(3, 2))
+    drafter.keep_rows([2])  # no per-row state
+    assert drafter.propose(DraftContext(tokens[2:], hidden[2:], SamplingConfig(), torch.Generator()), 5).parents is not None
+
+
+def test_a_tree_drafter_in_a_batch_that_shrinks_to_one_row(tiny_target: TargetModel) -> None:
+    """Row 1 stops on its 2nd token; row 0 goes on alone, where the drafter proposes its tree."""
+    dec = SpeculativeDecoder(tiny_target, drafter_with(tiny_target, tree=TREE), num_draft_tokens=len(TREE))
+    prompts = [[1, 5, 3, 7], [4, 5]]
+    stop = [int(dec.generate(prompts[1], 12, stop_token_ids=[]).token_ids[0, 1])]
+    batch = batch_equals_one_by_one(dec, prompts, 12, stop)
+    assert batch[1].stats.new_tokens == 2 and batch[0].stats.new_tokens > batch[1].stats.new_tokens + 1

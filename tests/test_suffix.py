@@ -1,6 +1,6 @@
 """Suffix decoding: the index against brute force on random token arrays, eviction within budget,
 the store's file round trip, greedy exactness (chain and tree) and statistical losslessness at
-temperature 1 with negative controls, on tiny random targets."""
+temperature 1 with negative controls, on tiny random targets; batches equal one prompt at a time."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from specdraft.protocol import DraftContext
 from specdraft.sampling import SamplingConfig
 from specdraft.target import TargetModel
 from tests.helpers import exact_two_token_distribution, plain_greedy, pooled_chisquare, sample_two_tokens
+from tests.test_ngram import auto_decoder, check_batches, flat_verify_costs
 
 
 # ------------------------------------------------------------------------------- brute force
@@ -296,3 +297,30 @@ def test_the_memory_estimate_follows_what_python_allocates() -> None:
     finally:
         tracemalloc.stop()
     assert 0.6 < index.memory_bytes() / measured < 1.5
+
+
+# ------------------------------------------------------------------------------- batches
+@pytest.mark.parametrize("k", [4, "auto"])
+def test_batch_equals_one_by_one(k: int | str) -> None:
+    """Per-row local indexes (and the shared store, which learns from every finished row)."""
+    target = flat_verify_costs(tiny_random_target(vocab_size=16, seed=9))
+    drafter = SuffixDrafter(anchor=2, min_prob=0.0)
+    dec = SpeculativeDecoder(target, drafter, num_draft_tokens=k) if k != "auto" else auto_decoder(target, drafter)
+    check_batches(dec)
+
+
+def test_batch_drafts_a_chain_per_row_even_with_tree() -> None:
+    """Trees are batch-1 only: at B > 1 every row drafts its best chain from its own context."""
+    drafter = SuffixDrafter(tree=True, anchor=2, min_prob=0.0, store_tokens=0)
+    drafter.bind(flat_costs(tiny_random_target(vocab_size=16, seed=1)))
+    # row 0 (left padded): [1, 2, 3, 1, 2] -> 3, 1, 2; row 1: [4, 5, 6, 4, 5, 6, 4] -> 5, 6, 4
+    tokens = torch.tensor([[0, 0, 1, 2, 3, 1, 2], [4, 5, 6, 4, 5, 6, 4]])
+    ctx = DraftContext(tokens, None, SamplingConfig(), torch.Generator(), lengths=(5, 7))
+    draft = drafter.propose(ctx, 8)
+    assert draft.parents is None and draft.token_ids.shape[0] == 2
+    lengths = [draft.num_tokens] * 2 if draft.lengths is None else draft.lengths.tolist()
+    rows = [draft.token_ids[i, :n].tolist() for i, n in enumerate(lengths)]
+    assert rows[0][:3] == [3, 1, 2] and rows[1][:3] == [5, 6, 4]
+    drafter.keep_rows([1])  # row 1 alone, with its own index: a tree again at batch size 1
+    alone = drafter.propose(DraftContext(tokens[1:], None, SamplingConfig(), torch.Generator()), 8)
+    assert alone.parents is not None and alone.token_ids[0, :3].tolist() == [5, 6, 4]
