@@ -137,7 +137,7 @@ class SpeculativeDecoder:
         self.keep_policy = keep_policy
         self._kept_policy: DraftLengthPolicy | None = None
         self._kept_bucket = 0  # the largest batch-size bucket the kept policy has costs for
-        self._measured_draft_cost: dict[bool, float] = {}  # greedy? -> draft cost, once per decoder
+        self._measured_draft_cost: dict[tuple[bool, int], float] = {}  # (greedy?, batch bucket) -> cost
         if drafter is not None:
             drafter.bind(target)
 
@@ -150,30 +150,35 @@ class SpeculativeDecoder:
             return make_draft_length_policy(self.num_draft_tokens)
         if self._sizes_own_drafts():  # its own cost model picks each round's length, up to the cap
             return make_draft_length_policy(self.max_draft_tokens)
+        sampling = sampling or self.sampling
         curve = self.verify_curve or costs.verify_curve(self.target, self.max_draft_tokens)
-        draft_cost = self.draft_cost_per_token(sampling or self.sampling)
-        batch_curves = {b: costs.verify_curve(self.target, self.max_draft_tokens, batch_size=b)
-                        for b in costs.batch_buckets(batch_size)[1:]}
-        return make_draft_length_policy("auto", self.max_draft_tokens, curve, draft_cost, batch_curves)
+        draft_cost = self.draft_cost_per_token(sampling)
+        buckets = costs.batch_buckets(batch_size)[1:]
+        batch_curves = {b: costs.verify_curve(self.target, self.max_draft_tokens, batch_size=b) for b in buckets}
+        batch_draft_costs = {b: self.draft_cost_per_token(sampling, b) for b in buckets}
+        return make_draft_length_policy("auto", self.max_draft_tokens, curve, draft_cost, batch_curves,
+                                        batch_draft_costs)
 
-    def draft_cost_per_token(self, sampling: SamplingConfig) -> float:
+    def draft_cost_per_token(self, sampling: SamplingConfig, batch_size: int = 1) -> float:
         """The drafter's seconds per drafted token / seconds of one target step, under `sampling`'s
-        mode (greedy or sampled): given, cached, or measured now on a synthetic prompt."""
+        mode (greedy or sampled) at `batch_size` rows (its bucket, `costs.batch_bucket`): given,
+        cached, or measured now on synthetic prompts."""
         if self.draft_cost is not None:
             return self.draft_cost
-        greedy = sampling.greedy
-        if greedy not in self._measured_draft_cost:
+        greedy, bucket = sampling.greedy, costs.batch_bucket(batch_size)
+        if (greedy, bucket) not in self._measured_draft_cost:
             def measure() -> float:
-                return self._measure_draft_cost(sampling)
+                return self._measure_draft_cost(sampling, bucket)
 
             if self.cost_key is None or self.max_draft_tokens == 0:
                 value = measure()
             else:
                 key = (f"draft_cost|{costs.cost_key(self.target)}|{self.cost_key}|"
-                       f"{'greedy' if greedy else 'sample'}|k={self.max_draft_tokens}")
+                       f"{'greedy' if greedy else 'sample'}|k={self.max_draft_tokens}"
+                       + (f"|batch={bucket}" if bucket > 1 else ""))
                 value = costs.cached_value(key, measure, costs.is_draft_cost)
-            self._measured_draft_cost[greedy] = float(value)
-        return self._measured_draft_cost[greedy]
+            self._measured_draft_cost[greedy, bucket] = float(value)
+        return self._measured_draft_cost[greedy, bucket]
 
     def generate(
         self,
@@ -379,13 +384,15 @@ class SpeculativeDecoder:
         if need > 0:
             costs.verify_curve(self.target, need)
         if self.num_draft_tokens == "auto" and not self._sizes_own_drafts():
+            self.draft_cost_per_token(sampling)
             for bucket in costs.batch_buckets(batch_size)[1:]:
                 costs.verify_curve(self.target, self.max_draft_tokens, batch_size=bucket)
-            self.draft_cost_per_token(sampling)
+                self.draft_cost_per_token(sampling, bucket)
 
-    def _measure_draft_cost(self, sampling: SamplingConfig) -> float:
+    def _measure_draft_cost(self, sampling: SamplingConfig, batch_size: int = 1) -> float:
         """Time the drafter at K = max_draft_tokens on a synthetic, repetitive prompt (so copying
-        drafters find matches), relative to the target's verify forwards of the same run: see
+        drafters find matches; `batch_size` rows of slightly different lengths, a ragged batch),
+        relative to the target's verify forwards of the same run: see
         `specdraft.costs.draft_cost_from_rounds`. Uses its own seed; leaves no state behind."""
         k = self.max_draft_tokens
         if k == 0:
@@ -394,15 +401,19 @@ class SpeculativeDecoder:
         new = max(1, min(self.CALIBRATION_TOKENS, self.target.max_context - length))
         vocab = self.target.vocab_size
         prompt = ((torch.arange(length) % 17) * 7919 + 11) % vocab  # [T] a period-17 token pattern
-        stats = self._run([prompt], new, set(), sampling.with_seed(0), make_draft_length_policy(k)).results[0].stats
+        prompts = [prompt[i % 3 :] for i in range(batch_size)]
+        run = self._run(prompts, new, set(), sampling.with_seed(0), make_draft_length_policy(k))
+        stats = run.results[0].stats  # a round's draft and verify seconds are the batch's
         self.target.reset()
         self.drafter.reset()  # type: ignore[union-attr]
-        longest = max(stats.drafted_per_round, default=0)  # a tree drafter may score more nodes
-        curve = self.verify_curve if self.verify_curve and len(self.verify_curve) > longest \
-            else costs.verify_curve(self.target, longest)
-        return costs.draft_cost_from_rounds(
-            stats.drafted_per_round, stats.draft_s_per_round, stats.verify_s_per_round, curve
-        )
+        drafted = run.stats.drafted_per_round  # K of each round (a tree drafter may score more nodes)
+        longest = max(drafted, default=0)
+        if batch_size > 1:
+            curve = costs.verify_curve(self.target, longest, batch_size=batch_size)
+        else:
+            curve = self.verify_curve if self.verify_curve and len(self.verify_curve) > longest \
+                else costs.verify_curve(self.target, longest)
+        return costs.draft_cost_from_rounds(drafted, stats.draft_s_per_round, stats.verify_s_per_round, curve)
 
     def _sizes_own_drafts(self) -> bool:
         return self.drafter is not None and type(self.drafter).sizes_own_drafts

@@ -35,8 +35,9 @@ T_v(k) becomes T_v(b, k) / T_v(b, 0) (`specdraft.costs.verify_curve(target, k, b
 policy reads the curve of the smallest measured batch size >= b, the largest if none is). As b
 grows that curve steepens (the forward multiplies weights instead of reading them), so K* falls and
 reaches 0 where drafting stops paying. The acceptance estimates pool every row's outcome (one
-`observe` per row) and the drafter's cost per token is taken as the same share of a target step
-as at batch 1 (a batched draft forward amortises like the target's).
+`observe` per row), and the drafter's cost per token is the one measured at that batch size too
+(`batch_draft_costs`: a draft model's batched forward amortises like the target's, a quantized
+copy's int4 product or the n-gram's per-row lookups do not).
 
 When K* = 0 the policy still probes k = 1 after `probe_every` rounds at K = 0, so a drafter that
 becomes useful again is noticed; every probe that is rejected doubles that interval (up to
@@ -86,6 +87,8 @@ class CostModelDraftLength:
     verify_curve: the target's T_v(k) / T_v(0) for k = 0..max_k (`specdraft.costs.verify_curve`).
     batch_curves: batch size -> T_v(b, k) / T_v(b, 0), k = 0..max_k, for batches (see the module
         docstring); batch size 1 reads verify_curve.
+    batch_draft_costs: batch size -> the drafter's cost per token in units of T_v(b, 0); a batch
+        size without one reads draft_cost.
     draft_cost: the drafter's cost per drafted token, in units of T_v(0) (measured by
         `SpeculativeDecoder` before the generation; 0 = free).
     max_k: largest K ever drafted. decay: weight of history in the acceptance averages.
@@ -102,6 +105,7 @@ class CostModelDraftLength:
     probe_every: int = 16
     max_probe_every: int = 256
     batch_curves: dict[int, Sequence[float]] = field(default_factory=dict)
+    batch_draft_costs: dict[int, float] = field(default_factory=dict)
     _accepted: list[float] = field(default_factory=list, repr=False)
     _reached: list[float] = field(default_factory=list, repr=False)
     _rounds_at_zero: int = field(default=0, repr=False)
@@ -116,8 +120,9 @@ class CostModelDraftLength:
             raise ValueError(
                 f"need 1 <= probe_every <= max_probe_every, got {self.probe_every} and {self.max_probe_every}."
             )
-        if not self.draft_cost >= 0:
-            raise ValueError(f"draft_cost must be >= 0 (units of one target step), got {self.draft_cost}.")
+        if not self.draft_cost >= 0 or not all(c >= 0 for c in self.batch_draft_costs.values()):
+            raise ValueError(f"draft_cost and batch_draft_costs must be >= 0 (units of one target step), got "
+                             f"{self.draft_cost} and {self.batch_draft_costs}.")
         self._shapes = {b: self._checked_shape(c, b) for b, c in {**self.batch_curves, 1: self.verify_curve}.items()}
         self.verify_curve = [float(c) for c in self.verify_curve]
         self._probe_interval = self.probe_every
@@ -136,11 +141,15 @@ class CostModelDraftLength:
             )
         return [max(values[: i + 1]) for i in range(len(values))]
 
-    def shape_for(self, batch_size: int) -> list[float]:
-        """The curve a round of `batch_size` rows reads: the smallest measured batch size >= it,
-        else the largest measured."""
+    def _measured_size(self, batch_size: int) -> int:
+        """The batch size whose costs a round of `batch_size` rows reads: the smallest measured
+        one >= it, else the largest measured."""
         sizes = sorted(self._shapes)
-        return self._shapes[next((b for b in sizes if b >= batch_size), sizes[-1])]
+        return next((b for b in sizes if b >= batch_size), sizes[-1])
+
+    def shape_for(self, batch_size: int) -> list[float]:
+        """The verify curve a round of `batch_size` rows reads."""
+        return self._shapes[self._measured_size(batch_size)]
 
     # ------------------------------------------------------------------------- estimates
     def acceptance(self) -> list[float]:
@@ -156,14 +165,14 @@ class CostModelDraftLength:
         """T_v(b, k) / T_v(b, 0): the curve's non-decreasing shape at this batch size."""
         return self.shape_for(batch_size)[k]
 
-    def draft_cost_of(self, k: int) -> float:
-        """T_d(k) / T_v(0)."""
-        return k * self.draft_cost
+    def draft_cost_of(self, k: int, batch_size: int = 1) -> float:
+        """T_d(b, k) / T_v(b, 0)."""
+        return k * self.batch_draft_costs.get(self._measured_size(batch_size), self.draft_cost)
 
     def expected_rate(self, k: int, batch_size: int = 1) -> float:
         """Expected emitted tokens per row per T_v(b, 0) of a round drafting k for b rows."""
         tokens = expected_tokens_from_profile(self.acceptance(), k)
-        return tokens / (self.draft_cost_of(k) + self.verify_cost(k, batch_size))
+        return tokens / (self.draft_cost_of(k, batch_size) + self.verify_cost(k, batch_size))
 
     # ------------------------------------------------------------------------- policy
     def choose(self, k_max: int, batch_size: int = 1) -> int:
@@ -185,7 +194,7 @@ class CostModelDraftLength:
         """A k=1 round can only beat AR if, even when always accepted (2 tokens), it is faster per
         token than one AR step; drafters too slow for that (e.g. bitsandbytes on CPU) are not probed."""
         shape = self.shape_for(batch_size)
-        return 2.0 / (self.draft_cost_of(1) + shape[1]) > 1.0 / shape[0]
+        return 2.0 / (self.draft_cost_of(1, batch_size) + shape[1]) > 1.0 / shape[0]
 
     def observe(self, num_drafted: int, num_accepted: int) -> None:
         d = self.decay
@@ -229,10 +238,12 @@ def check_max_draft_tokens(max_draft_tokens: int) -> int:
 def make_draft_length_policy(
     num_draft_tokens: int | str, max_k: int = 8, verify_curve: Sequence[float] | None = None,
     draft_cost: float | None = None, batch_curves: dict[int, Sequence[float]] | None = None,
+    batch_draft_costs: dict[int, float] | None = None,
 ) -> DraftLengthPolicy:
     """A fresh policy for `num_draft_tokens`: a fixed number, or "auto" (the cost model up to max_k
     on the target's `verify_curve` and the drafter's `draft_cost`, which "auto" requires, and the
-    curves of larger batch sizes, `batch_curves`, when it decodes batches)."""
+    curves and drafter costs of larger batch sizes, `batch_curves` / `batch_draft_costs`, when it
+    decodes batches)."""
     if check_num_draft_tokens(num_draft_tokens) != "auto":
         return FixedDraftLength(int(num_draft_tokens))
     if verify_curve is None or draft_cost is None:
@@ -241,4 +252,5 @@ def make_draft_length_policy(
             "token: pass verify_curve=specdraft.costs.verify_curve(target, max_k) and draft_cost "
             "(seconds per drafted token / seconds of one target step)."
         )
-    return CostModelDraftLength(verify_curve, draft_cost=draft_cost, max_k=max_k, batch_curves=dict(batch_curves or {}))
+    return CostModelDraftLength(verify_curve, draft_cost=draft_cost, max_k=max_k, batch_curves=dict(batch_curves or {}),
+                                batch_draft_costs=dict(batch_draft_costs or {}))

@@ -152,9 +152,9 @@ def test_draft_cost_is_measured_once_per_mode_and_can_be_given(tmp_path: Path, m
     calls = []
     measure = SpeculativeDecoder._measure_draft_cost
 
-    def counting(self: SpeculativeDecoder, sampling: SamplingConfig) -> float:
+    def counting(self: SpeculativeDecoder, sampling: SamplingConfig, batch_size: int = 1) -> float:
         calls.append(sampling.greedy)
-        return measure(self, sampling)
+        return measure(self, sampling, batch_size)
 
     monkeypatch.setattr(SpeculativeDecoder, "_measure_draft_cost", counting)
     dec = SpeculativeDecoder(target, NGramDrafter(), "auto", max_draft_tokens=3)

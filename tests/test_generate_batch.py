@@ -111,7 +111,6 @@ def batch_pvalue(target: TargetModel, dec: SpeculativeDecoder, prompts: list[lis
     return pooled_chisquare(counts.ravel(), expected.ravel())
 
 
-@pytest.mark.slow
 def test_sampled_batch_of_four_is_lossless_and_a_broken_verifier_is_caught() -> None:
     target = tiny_random_target(vocab_size=16, seed=1)
     prompts = [[1, 2, 3, 1, 2], [4, 5], [6, 1, 6, 1, 6, 1], [2, 9, 3]]  # ragged
@@ -135,6 +134,13 @@ def test_cost_model_stops_drafting_where_verification_is_compute_bound() -> None
     assert policy.choose(8, batch_size=16) == 0
     assert policy.choose(8, batch_size=9) == 0  # a batch reads the next measured batch size's curve
     assert policy.choose(8, batch_size=64) == 0  # beyond the largest: the largest
+    # a drafter that is cheap at batch 1 but costs a whole target step per token at batch 8 (its
+    # product does not amortise), on a verify curve that stays flat there: no drafting at 8 either
+    costly = make_draft_length_policy("auto", 8, flat, 0.02, batch_curves={8: flat}, batch_draft_costs={8: 1.0})
+    for _ in range(40):
+        costly.observe(4, 2)
+        costly.observe(4, 3)
+    assert costly.choose(8, batch_size=1) >= 3 and costly.choose(8, batch_size=8) == 0
 
 
 def test_bad_batches_are_named() -> None:
