@@ -323,24 +323,12 @@ class QuantizedDrafter:
             # [1, n >= 1] (a batch: every row's, `RowFeed`) not yet in the copy's cache
             feed = self._cache.feed(ctx.token_ids if ctx.batch_size == 1 else ctx)
             return draft_autoregressively(self._next_logits, feed, num_tokens, ctx, self.vocab)
-        if ctx.batch_size > 1 or self._shared.ragged:  # (the last row of a batch stays ragged)
-            return self._propose_shared_rows(ctx, num_tokens)
-        # on the target's cache: it holds every committed token but the newest (the decoding loop's
-        # invariant); the copy runs the newest and its drafts after it, then they are cropped away
-        committed = ctx.token_ids.shape[1] - 1
-        if self._shared.cache_length != committed:
-            raise ValueError(
-                f"share_kv drafting expects the target's cache to hold the {committed} committed tokens "
-                f"before the newest, but it holds {self._shared.cache_length}; use share_kv=false here."
-            )
-        try:
-            return draft_autoregressively(self._next_logits, ctx.token_ids[:, -1:], num_tokens, ctx, self.vocab)
-        finally:
-            self._shared.crop(committed)
+        return self._propose_shared_rows(ctx, num_tokens)
 
     def _propose_shared_rows(self, ctx: DraftContext, num_tokens: int) -> Draft:
-        """share_kv for B rows: each row's newest token and drafts run after its own committed
-        tokens in the target's cache (ragged rows: per-row positions and masks), then every row is
+        """share_kv, for one row or B: the target's cache holds every committed token but the newest
+        (the decoding loop's invariant); each row's newest token and drafts run after its own
+        committed tokens there (ragged rows: per-row positions and masks), then every row is
         cropped back to its committed tokens before the newest."""
         shared = self._shared
         assert shared is not None and self._target is not None
