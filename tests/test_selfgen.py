@@ -19,6 +19,7 @@ from specdraft.train import selfgen
 from specdraft.train.data_quality import (
     diversity_report,
     histogram,
+    loop_start,
     prompt_problem,
     repetition,
 )
@@ -29,6 +30,7 @@ from specdraft.train.selfgen import (
     SelfgenSettings,
     load_selfgen_records,
     run_selfgen,
+    screen_answer,
     settings_from,
     Writer,
     shard_conversations,
@@ -69,6 +71,38 @@ def test_filters_name_their_reason() -> None:
     assert prompt_problem("Sure! Here is a plan for your trip to Spain.", 12, True) == "not_a_request"
     assert prompt_problem("tell me more " * 10, 30, True) == "repetitive"
     assert histogram([0, 7, 8, 5000]) == {"0-7": 2, "8-15": 1, ">=4096": 1}
+
+
+def test_loop_start_matches_a_brute_force_search() -> None:
+    rng = random.Random(0)
+    for _ in range(300):
+        span = rng.randint(1, 6)
+        ids = [rng.randrange(4) for _ in range(rng.randint(0, 40))]
+        brute = next((i for i in range(len(ids) - span + 1)
+                      if any(ids[j : j + span] == ids[i : i + span] for j in range(i))), None)
+        assert loop_start(ids, span) == brute
+    head, unit = list(range(100, 140)), list(range(7, 12))
+    assert loop_start(head + unit * 20) == len(head) + len(unit)  # the first copy of the loop stays
+
+
+@dataclass
+class WordTokens:
+    """A tokenizer whose token i is the word "w{i}" (enough for the answer filters)."""
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return " ".join(f"w{i}" for i in ids)
+
+
+def test_a_looping_answer_keeps_its_text_up_to_the_loop() -> None:
+    tok, head = WordTokens(), list(range(100, 140))
+    looping = head + list(range(7, 12)) * 40
+    ids, text, done, truncated, problem = screen_answer(tok, looping, True, min_loop_prefix=32)
+    assert (ids, done, truncated, problem) == (head + list(range(7, 12)), False, True, None)
+    assert text == tok.decode(ids)
+    short_head = list(range(100, 110)) + list(range(7, 12)) * 40  # too little before the loop: dropped
+    assert screen_answer(tok, short_head, True, min_loop_prefix=32)[3:] == (False, "repetitive")
+    plain = list(range(200, 260))
+    assert screen_answer(tok, plain, True, min_loop_prefix=32) == (plain, tok.decode(plain), True, False, None)
 
 
 @pytest.mark.slow  # loads the default target's tokenizer (GGUF), ~10 s
@@ -175,8 +209,9 @@ def test_a_resumed_selfgen_appends_what_one_run_writes(scripted: Writer, tmp_pat
     with pytest.raises(FileExistsError, match="overwrite=true"):
         run_selfgen(writer=scripted, out_dir=part, settings=SMALL, progress=False)
     run_selfgen(writer=scripted, out_dir=part, settings=SMALL, overwrite=True, progress=False)
-    read = [[json.loads(x) for x in p.read_text().splitlines()] for p in selfgen.shard_paths(part)]
-    assert read == [[json.loads(x) for x in p.read_text().splitlines()] for p in selfgen.shard_paths(whole)]
+    read = [[json.loads(x) for x in selfgen.read_lines(p)] for p in selfgen.shard_paths(part)]
+    assert read == [[json.loads(x) for x in selfgen.read_lines(p)] for p in selfgen.shard_paths(whole)]
+    assert [p.read_bytes() for p in selfgen.shard_paths(part)] == [p.read_bytes() for p in selfgen.shard_paths(whole)]
     ids = [r["id"] for shard in read for r in shard]
     assert len(ids) == len(set(ids))  # nothing repeated
     assert json.loads((part / "report.json").read_text()) == json.loads((whole / "report.json").read_text())

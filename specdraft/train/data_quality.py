@@ -10,7 +10,7 @@ data is broad: how many distinct prompts, how many distinct ways of starting one
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from specdraft.train.dedup import words
@@ -66,6 +66,20 @@ def answer_problem(text: str, num_tokens: int, *, min_tokens: int = 2, max_repet
     return None
 
 
+def loop_start(ids: Sequence[int], span: int = 16) -> int | None:
+    """Where a looping answer starts repeating itself: the index of the first token that begins a
+    second copy of an earlier `span`-token run (a span that long repeats verbatim only in a loop),
+    or None if no span repeats. The ids before it are still the target's own text, worth keeping
+    when the whole answer is degenerate."""
+    seen: set[tuple[int, ...]] = set()
+    for i in range(len(ids) - span + 1):
+        gram = tuple(ids[i : i + span])
+        if gram in seen:
+            return i
+        seen.add(gram)
+    return None
+
+
 def normalized_start(text: str) -> str:
     return " ".join(words(text)[:3])
 
@@ -95,6 +109,7 @@ def diversity_report(records: list[Mapping[str, Any]], rejected: Mapping[str, in
         "answers": len(records),
         "answer_tokens": sum(len(r["completion_ids"]) for r in records),
         "answers_by_mode": dict(Counter(r["mode"] for r in records)),
+        "answers_cut_at_a_loop": sum(bool(r.get("truncated")) for r in records),
         "prompts_by_turn": dict(sorted(Counter(str(r["turn"]) for r in prompts.values()).items())),
         "conversations_by_kind": dict(Counter(r["kind"] for r in firsts).most_common()),
         "conversations_by_source": dict(Counter(r["source"] for r in firsts).most_common()),
@@ -112,7 +127,7 @@ def report_markdown(report: Mapping[str, Any]) -> str:
     """A short human-readable rendering of `diversity_report`."""
     lines = ["| measure | value |", "|---|---|"]
     for key in ("conversations", "distinct_prompts", "distinct_first_turns", "distinct_leading_3grams",
-                "answers", "answer_tokens"):
+                "answers", "answers_cut_at_a_loop", "answer_tokens"):
         lines.append(f"| {key.replace('_', ' ')} | {report[key]} |")
     for key in ("answers_by_mode", "prompts_by_turn", "conversations_by_kind", "conversations_by_source",
                 "answer_tokens_by_split", "prompt_tokens_histogram", "answer_tokens_histogram", "rejected"):

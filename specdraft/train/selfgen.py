@@ -10,15 +10,16 @@ users'. With no dataset at hand, the target makes both halves:
   first data (`specdraft.train.selfgen_prompts`);
 - every first turn is deduplicated, exact and near (`specdraft.train.dedup`, word 3-grams), also
   against every prompt of the shipped suites (they stay held out), and user turns and answers are
-  filtered (`specdraft.train.data_quality`: length, refusals, degenerate repetition);
+  filtered (`specdraft.train.data_quality`: length, refusals, degenerate repetition; a looping
+  answer keeps its text up to the loop, marked "truncated", and its chat ends there);
 - answers: the target's greedy answer (which the conversation continues from) and, for a share of
   the turns, a sampled one (temperature 1: the distribution `sampling=sample` decodes);
 - the split is by conversation (a hash of its id), never by answer: every turn and sample of one
   conversation is in the same split.
 
-Output (`out_dir`): `shards/shard-NNNNN.jsonl` (one record per answer: {"id", "conversation",
+Output (`out_dir`): `shards/shard-NNNNN.jsonl.gz` (gzipped; one record per answer: {"id", "conversation",
 "turn", "mode", "split", "kind", "source", "system", "messages", "prompt", "prompt_ids",
-"completion", "completion_ids", "finished"}) and `shard-NNNNN.json` (its counts), written
+"completion", "completion_ids", "finished", "truncated"}) and `shard-NNNNN.json` (its counts), written
 atomically per shard; `report.json` / `report.md`, the diversity report. A run stops at the shard
 that reaches both `token_budget` answer tokens and `min_prompts` answered user turns (or at
 `max_minutes`); rerun with `overwrite=true` to resume:
@@ -31,6 +32,7 @@ target's fast stack).
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -59,6 +61,7 @@ from specdraft.train.corpus_tasks import corpus_tasks
 from specdraft.train.data_quality import (
     answer_problem,
     diversity_report,
+    loop_start,
     prompt_problem,
     report_markdown,
 )
@@ -153,11 +156,12 @@ class SelfgenSettings:
     answer_temperature: float = 1.0
     max_user_tokens: int = 128
     max_answer_tokens: int = 256
+    min_loop_prefix: int = 32  # a looping answer is kept up to its loop if at least this many tokens precede it
     max_prompt_tokens: int = 3584
     near_duplicate: float = 0.7  # Jaccard of word 3-gram sets at which two first turns are duplicates
     eval_fraction: float = 0.05
-    batch_size: int = 32
-    batch_tokens: int = 24576
+    batch_size: int = 128
+    batch_tokens: int = 65536
     seed: int = 0
     max_minutes: float | None = None
 
@@ -222,6 +226,22 @@ def suite_index(s: SelfgenSettings) -> DuplicateIndex:
     return index
 
 
+def screen_answer(tok: Any, ids: list[int], done: bool, min_loop_prefix: int
+                  ) -> tuple[list[int], str, bool, bool, str | None]:
+    """(ids, text, finished, truncated, problem) of one answer: the answer as it is, or, when it
+    loops, its ids up to the loop (`loop_start`) if at least `min_loop_prefix` of them precede it and
+    they pass the filters themselves; problem is the reason to drop it, or None."""
+    text = tok.decode(ids, skip_special_tokens=True)
+    problem = answer_problem(text, len(ids))
+    if problem == "repetitive":
+        cut = loop_start(ids)
+        if cut is not None and cut >= min_loop_prefix:
+            head = tok.decode(ids[:cut], skip_special_tokens=True)
+            if answer_problem(head, cut) is None:
+                return ids[:cut], head, False, True, None
+    return ids, text, done, False, problem
+
+
 @dataclass
 class ShardResult:
     records: list[dict[str, Any]]
@@ -278,34 +298,53 @@ def write_shard(writer: Writer, convs: list[Conversation], index: DuplicateIndex
         asked = [list(c.messages) for c in live]  # the conversation each answer replies to
         for i, mode, (ids, done) in answers:
             c = live[i]
-            text = tok.decode(ids, skip_special_tokens=True)
-            problem = answer_problem(text, len(ids))
+            ids, text, done, truncated, problem = screen_answer(tok, ids, done, s.min_loop_prefix)
             if problem is not None:
                 rejected[f"answer:{problem}"] += 1
                 if mode == "greedy":
                     ended.add(i)
                 continue
+            if truncated and mode == "greedy":
+                ended.add(i)  # a chat does not go on from a cut answer
             records.append({
                 "id": f"{c.id}#t{turn}" + ("" if mode == "greedy" else "~s"), "conversation": c.id, "turn": turn,
                 "mode": mode, "split": split_of(c.id, s.eval_fraction), "kind": c.kind, "source": c.source,
                 "system": c.system, "messages": asked[i], "prompt": asked[i][-1]["content"],
                 "prompt_ids": prompts[i], "completion": text, "completion_ids": ids, "finished": done,
+                "truncated": truncated,
             })
-            if mode == "greedy":
+            if mode == "greedy" and not truncated:
                 c.messages.append({"role": "assistant", "content": text.strip()})
         live = [c for i, c in enumerate(live) if i not in ended]
     return ShardResult(records, rejected)
 
 
 # ------------------------------------------------------------------------------------ the run
+SHARD_SUFFIX = ".jsonl.gz"  # gzip: a run's shards are small enough to keep in git and resume anywhere
+
+
 def shard_paths(out: Path) -> list[Path]:
-    """The finished shards of a run, in order."""
-    return sorted((out / "shards").glob("shard-*.jsonl"))
+    """The finished shards of a run (gzipped or plain jsonl), in order."""
+    return sorted([*(out / "shards").glob("shard-*.jsonl"), *(out / "shards").glob("shard-*.jsonl.gz")],
+                  key=lambda p: p.name)
+
+
+def shard_counts_path(shard: Path) -> Path:
+    """`shard-NNNNN.json`, the counts written beside a shard."""
+    return shard.with_name(shard.name.split(".")[0] + ".json")
+
+
+def read_lines(path: Path) -> list[str]:
+    """The lines of a text file, gunzipped if it ends in .gz."""
+    data = path.read_bytes()
+    return (gzip.decompress(data) if path.suffix == ".gz" else data).decode().splitlines()
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + f".tmp-{os.getpid()}")
-    tmp.write_text(text)
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    data = text.encode()
+    # mtime=0: the same records give the same bytes (a resumed run's shards are byte-identical)
+    tmp.write_bytes(gzip.compress(data, mtime=0) if path.suffix == ".gz" else data)
     tmp.replace(path)
 
 
@@ -327,7 +366,7 @@ def run_selfgen(target: str | TargetModel = "smollm2-135m", *, out_dir: str | Pa
             if r["turn"] == 1 and r["mode"] == "greedy":
                 index.add(r["conversation"], r["prompt"])
         records += recs
-        rejected.update(json.loads(path.with_suffix(".json").read_text())["rejected"])
+        rejected.update(json.loads(shard_counts_path(path).read_text())["rejected"])
     tokens = sum(len(r["completion_ids"]) for r in records)
     prompts = {(r["conversation"], r["turn"]) for r in records}
     pools = fixed_pools(s.sources, s.seed)
@@ -345,8 +384,8 @@ def run_selfgen(target: str | TargetModel = "smollm2-135m", *, out_dir: str | Pa
         t_shard = time.time()
         result = write_shard(writer, shard_conversations(shard, s, pools), index, s, shard)
         n = sum(len(r["completion_ids"]) for r in result.records)
-        path = out / "shards" / f"shard-{shard:05d}.jsonl"
-        _atomic_write(path.with_suffix(".json"), json.dumps({
+        path = out / "shards" / f"shard-{shard:05d}{SHARD_SUFFIX}"
+        _atomic_write(shard_counts_path(path), json.dumps({
             "shard": shard, "answers": len(result.records), "answer_tokens": n,
             "seconds": round(time.time() - t_shard, 1), "rejected": dict(result.rejected)}))
         _atomic_write(path, "".join(json.dumps(r) + "\n" for r in result.records))  # last: marks the shard done
@@ -366,7 +405,7 @@ def run_selfgen(target: str | TargetModel = "smollm2-135m", *, out_dir: str | Pa
 # ------------------------------------------------------------------------------------ loading
 def _read_records(p: Path) -> list[dict]:
     files = shard_paths(p) if p.is_dir() else [p]
-    return [json.loads(line) for f in files for line in f.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for f in files for line in read_lines(f) if line.strip()]
 
 
 def load_selfgen_records(split: str = "train", path: str | Path | None = None) -> list[dict]:
