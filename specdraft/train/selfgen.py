@@ -27,7 +27,7 @@ finished shards are kept and their prompts stay in the duplicate index, so a res
 one uninterrupted run writes. Generation is batched (`specdraft.batch_decode`: left padded, on the
 target's fast stack).
 
-    specdraft-selfgen token_budget=2000000 out_dir=outputs/selfgen_broad     (conf/selfgen.yaml)
+    specdraft-selfgen out_dir=data/smollm2-135m/selfgen_broad overwrite=true     (conf/selfgen.yaml)
 """
 
 from __future__ import annotations
