@@ -35,7 +35,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import os
 import random
 import sys
 import time
@@ -52,6 +51,7 @@ from torch import Tensor
 
 from specdraft.batch_decode import decode_batch
 from specdraft.console import hydra_cli
+from specdraft.files import replace_atomically
 from specdraft.models import load_target, load_tokenizer
 from specdraft.sampling import SamplingConfig
 from specdraft.shipped import ARTIFACTS_DIR
@@ -304,8 +304,6 @@ def write_shard(writer: Writer, convs: list[Conversation], index: DuplicateIndex
                 if mode == "greedy":
                     ended.add(i)
                 continue
-            if truncated and mode == "greedy":
-                ended.add(i)  # a chat does not go on from a cut answer
             records.append({
                 "id": f"{c.id}#t{turn}" + ("" if mode == "greedy" else "~s"), "conversation": c.id, "turn": turn,
                 "mode": mode, "split": split_of(c.id, s.eval_fraction), "kind": c.kind, "source": c.source,
@@ -313,7 +311,9 @@ def write_shard(writer: Writer, convs: list[Conversation], index: DuplicateIndex
                 "prompt_ids": prompts[i], "completion": text, "completion_ids": ids, "finished": done,
                 "truncated": truncated,
             })
-            if mode == "greedy" and not truncated:
+            if mode == "greedy" and truncated:
+                ended.add(i)  # a chat does not go on from a cut answer
+            elif mode == "greedy":
                 c.messages.append({"role": "assistant", "content": text.strip()})
         live = [c for i, c in enumerate(live) if i not in ended]
     return ShardResult(records, rejected)
@@ -341,11 +341,11 @@ def read_lines(path: Path) -> list[str]:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    """`path` replaced by `text`, gzipped if it ends in .gz (mtime=0: the same records give the same
+    bytes, so a resumed run's shards are byte-identical)."""
     data = text.encode()
-    # mtime=0: the same records give the same bytes (a resumed run's shards are byte-identical)
-    tmp.write_bytes(gzip.compress(data, mtime=0) if path.suffix == ".gz" else data)
-    tmp.replace(path)
+    data = gzip.compress(data, mtime=0) if path.suffix == ".gz" else data
+    replace_atomically(path, lambda tmp: tmp.write_bytes(data))
 
 
 def run_selfgen(target: str | TargetModel = "smollm2-135m", *, out_dir: str | Path,
