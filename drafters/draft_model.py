@@ -101,6 +101,7 @@ class DraftModelDrafter:
     """
 
     needs_target_hidden: ClassVar[bool] = False
+    feature_layers: tuple[int, ...] = ()
     hf_counterpart: ClassVar[str | None] = "hf_assisted"  # HF assisted generation with the same draft
     verify_curve_tokens: ClassVar[int] = 0
     sizes_own_drafts: ClassVar[bool] = False

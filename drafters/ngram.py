@@ -101,6 +101,7 @@ class NGramDrafter:
     """
 
     needs_target_hidden: ClassVar[bool] = False
+    feature_layers: tuple[int, ...] = ()
     hf_counterpart: ClassVar[str | None] = "hf_prompt_lookup"
     verify_curve_tokens: ClassVar[int] = 0
     sizes_own_drafts: ClassVar[bool] = False

@@ -179,6 +179,7 @@ class QuantizedDrafter:
     """
 
     needs_target_hidden: ClassVar[bool] = False
+    feature_layers: tuple[int, ...] = ()
     hf_counterpart: ClassVar[str | None] = None  # Hugging Face generation has no quantized-copy mode
     verify_curve_tokens: ClassVar[int] = 0
     sizes_own_drafts: ClassVar[bool] = False

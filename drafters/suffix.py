@@ -90,6 +90,7 @@ class SuffixDrafter:
     """
 
     needs_target_hidden: ClassVar[bool] = False
+    feature_layers: tuple[int, ...] = ()
     hf_counterpart: ClassVar[str | None] = None
     verify_curve_tokens: ClassVar[int] = MAX_NODES
     sizes_own_drafts: ClassVar[bool] = True  # every round's node count is chosen on the verify curve

@@ -256,6 +256,10 @@ class SpeculativeDecoder:
         live in buf[i, starts[i]:ends[i]]: prompts are left padded to the longest, so a batch of
         equal prompts (and batch size 1) keeps one common end and contexts are views."""
         needs_hidden = bool(self.drafter is not None and self.drafter.needs_target_hidden)
+        layers = tuple(self.drafter.feature_layers) if self.drafter is not None else ()
+        if layers and len(prompts) > 1:
+            raise ValueError("a drafter that reads the target's layer features drafts for one sequence at a time; "
+                             "decode its prompts one by one with generate.")
         device = self.target.device
         gen = sampling.make_generator("cpu")
         stats = [GenerationStats(prompt_tokens=len(p)) for p in prompts]
@@ -271,37 +275,40 @@ class SpeculativeDecoder:
         self.target.reset()
         if self.drafter is not None:
             self.drafter.reset()
-        hidden = None
+        hidden = features = None
         if width > 1:  # prefill everything but each row's newest token, which opens the first round
             valid = None
             if any(starts):  # ragged prompts: the padding is masked and has no position
                 valid = torch.arange(width - 1)[None] >= torch.tensor(starts)[:, None]  # [B, P-1]
-            out = self.target.forward(buf[:, : width - 1], num_logits=0, valid=valid)
+            out = self.target.forward(buf[:, : width - 1], num_logits=0, valid=valid, features=layers)
             hidden = out.hidden[:, -1] if needs_hidden else None  # [B, H]
+            features = out.features  # [1, P-1, F] or None
         batch_stats.prefill_s = time.perf_counter() - t_start
         for row in stats:
             row.prefill_s = batch_stats.prefill_s
 
         live = list(range(len(prompts)))  # the rows still generating, in the target's cache order
         generated = [0] * len(prompts)
-        ctx = _context(buf, starts, ends, live, hidden, sampling, gen)
+        ctx = _context(buf, starts, ends, live, hidden, sampling, gen, features)
+        delivered = False  # whether the drafter has seen `features` (a K = 0 round does not show it ctx)
         while live and max_new_tokens > 0:
             b = len(live)
             lengths = ctx.row_lengths()
             k_max = policy.choose(max(max_new_tokens - generated[i] for i in live) - 1, batch_size=b)
 
             t0 = time.perf_counter()
+            delivered = delivered or (self.drafter is not None and k_max > 0)  # propose sees ctx's features
             draft = self._propose(ctx, k_max, device)
             t1 = time.perf_counter()
             k = draft.num_tokens
             inputs = torch.cat([ctx.token_ids[:, -1:], draft.token_ids], dim=1)  # [b, K+1]
             if draft.parents is not None:  # a candidate tree (batch size 1): one forward with the tree mask
-                out = tree_score(self.target, inputs, draft)
+                out = tree_score(self.target, inputs, draft, layers)
             elif draft.lengths is None:
-                out = self.target.forward(inputs)  # logits [b, K+1, V]
+                out = self.target.forward(inputs, features=layers)  # logits [b, K+1, V]
             else:  # rows drafted different numbers of tokens: the padding is masked
                 real = torch.arange(k + 1, device=device)[None] <= draft.lengths.to(device)[:, None]  # [b, K+1]
-                out = self.target.forward(inputs, valid=real)
+                out = self.target.forward(inputs, valid=real, features=layers)
             t2 = time.perf_counter()
             draft_s = t1 - t0
 
@@ -335,6 +342,10 @@ class SpeculativeDecoder:
             self.target.crop(lengths[0] + accepted[0] if b == 1 else [n + a for n, a in zip(lengths, accepted)])
             if needs_hidden:
                 hidden = out.hidden[torch.arange(b, device=device), torch.tensor(accepted, device=device)]  # [b, H]
+            if layers:  # batch size 1: the newest token's and the accepted drafts' positions [1, a + 1, F],
+                kept = out.features[:, : accepted[0] + 1]  # after what the drafter has not seen yet
+                features = kept if delivered or features is None else torch.cat([features, kept], dim=1)
+                delivered = False
             batch_stats.rounds += 1
             batch_stats.drafted_per_round.append(k)
             batch_stats.live_rows_per_round.append(b)
@@ -352,10 +363,11 @@ class SpeculativeDecoder:
                 live, accepted = [live[j] for j in keep], [accepted[j] for j in keep]
             if not live:
                 break
-            ctx = _context(buf, starts, ends, live, hidden, sampling, gen)
+            ctx = _context(buf, starts, ends, live, hidden, sampling, gen, features)
             if self.drafter is not None:
                 t3 = time.perf_counter()
                 self.drafter.commit(ctx, accepted)
+                delivered = True
                 stats_s = time.perf_counter() - t3
                 for i in live:
                     stats[i].draft_s += stats_s
@@ -498,10 +510,10 @@ class SpeculativeDecoder:
 
 
 def _context(buf: Tensor, starts: list[int], ends: list[int], live: list[int], hidden: Tensor | None,
-             sampling: SamplingConfig, gen: torch.Generator) -> DraftContext:
+             sampling: SamplingConfig, gen: torch.Generator, features: Tensor | None = None) -> DraftContext:
     """The live rows' committed tokens as a `DraftContext`: row i is buf[i, starts[i]:ends[i]]
     ([B, P+N] buffer), left padded to the longest (a view when the rows are one aligned block, as
-    at batch size 1)."""
+    at batch size 1); hidden [B, H] and features [1, n, F] as `DraftContext` describes them."""
     lengths = tuple(ends[i] - starts[i] for i in live)
     longest = max(lengths)
     aligned = len(set(ends[i] for i in live)) == 1
@@ -512,4 +524,5 @@ def _context(buf: Tensor, starts: list[int], ends: list[int], live: list[int], h
         cols = torch.tensor([ends[i] for i in live], device=buf.device)[:, None] - longest \
             + torch.arange(longest, device=buf.device)[None]  # [b, T]
         tokens = buf[rows].gather(1, cols.clamp(min=0))
-    return DraftContext(tokens, hidden, sampling, gen, lengths=None if len(set(lengths)) == 1 else lengths)
+    return DraftContext(tokens, hidden, sampling, gen, lengths=None if len(set(lengths)) == 1 else lengths,
+                        target_features=features)

@@ -346,21 +346,28 @@ class FastStack:
         return sum(lin.nbytes for lin in linears + ([self.lm_head] if self.lm_head is not None else []))
 
     def forward(self, token_ids: Tensor, attention_mask: Tensor | None = None,
-                position_ids: Tensor | None = None) -> Tensor:
-        """All layers on token_ids [B, k] after the cache; post-norm hidden [B, k, H]."""
+                position_ids: Tensor | None = None, features: Sequence[int] = ()) -> tuple[Tensor, Tensor | None]:
+        """All layers on token_ids [B, k] after the cache: (post-norm hidden [B, k, H], the inputs
+        of layers `features` side by side [B, k, len(features) * H], or None when none is asked;
+        `specdraft.target.TargetOutput.features`)."""
         if self.kv is None or self.kv.batch != token_ids.shape[0]:
             if self._cache_owner is not None and self.seq_length(0) == 0:
                 self._cache_owner.reset(token_ids.shape[0])  # an empty shared cache takes the batch's rows
             else:
                 self.reset(token_ids.shape[0])
         hidden = self.embed(token_ids)
-        hidden = self.run_layers(hidden, 0, self.num_layers, self.seq_length(0), attention_mask, position_ids)
-        return self.norm(hidden)
+        taps: list[Tensor] = []
+        hidden = self.run_layers(hidden, 0, self.num_layers, self.seq_length(0), attention_mask, position_ids,
+                                 features, taps)
+        return self.norm(hidden), (torch.cat(taps, dim=-1) if taps else None)
 
     def run_layers(self, hidden: Tensor, start: int, end: int, first_position: int,
-                   attention_mask: Tensor | None = None, position_ids: Tensor | None = None) -> Tensor:
+                   attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
+                   tap_layers: Sequence[int] = (), taps: list[Tensor] | None = None) -> Tensor:
         """Layers [start, end) on hidden [B, k, H]; each appends its K/V. attention_mask: additive
-        [B, 1, k, past + k] (trees) or None for the causal continuation; position_ids [B, k]."""
+        [B, 1, k, past + k] (trees) or None for the causal continuation; position_ids [B, k].
+        tap_layers: append the input of each of these layers ([B, k, H], in the listed order) to
+        `taps` (layers outside [start, end) are not tapped)."""
         if start >= end:
             return hidden
         if self.kv is None:
@@ -385,8 +392,13 @@ class FastStack:
                 return self._grouped_attention(q, keys, values, mask)
             return self._attention(q, keys, values, mask, causal)
 
+        inputs: dict[int, Tensor] = {}
         for i in range(start, end):
+            if i in tap_layers:
+                inputs[i] = hidden
             hidden = self._layer(i, hidden, rope, attend)
+        if taps is not None:
+            taps.extend(inputs[i] for i in tap_layers if i in inputs)
         return hidden
 
     def _attention(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None,

@@ -91,14 +91,18 @@ class HFStack:
         return self.lm_head(hidden)
 
     def forward(self, token_ids: Tensor, attention_mask: Tensor | None = None,
-                position_ids: Tensor | None = None) -> Tensor:
-        """The HF decoder on token_ids [B, k] after the cache; post-norm hidden [B, k, H]."""
+                position_ids: Tensor | None = None, features: Sequence[int] = ()) -> tuple[Tensor, Tensor | None]:
+        """The HF decoder on token_ids [B, k] after the cache: (post-norm hidden [B, k, H], the
+        inputs of layers `features` side by side [B, k, len(features) * H] or None). HF's
+        `output_hidden_states[j]` is the input of layer j for j < num_layers."""
         if self.cache is None:
             self.reset()
-        return self.decoder(
+        out = self.decoder(
             input_ids=token_ids, cache=self.cache, use_cache=True,
-            attention_mask=attention_mask, position_ids=position_ids,
-        ).last_hidden_state
+            attention_mask=attention_mask, position_ids=position_ids, output_hidden_states=bool(features),
+        )
+        taps = torch.cat([out.hidden_states[j] for j in features], dim=-1) if features else None
+        return out.last_hidden_state, taps
 
     def run_layers(self, hidden: Tensor, start: int, end: int, first_position: int) -> Tensor:
         """Decoder layers [start, end) on hidden [B, k, H] at positions first_position.., with the

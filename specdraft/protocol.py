@@ -4,7 +4,8 @@ A drafter proposes K tokens per round (`propose`), learns how many the target ke
 forgets the prompt's state on a new prompt (`reset`) and may remember a finished generation
 across requests (`learn`). It never touches the target's KV cache except through
 `TargetModel`'s public methods. Capabilities are class attributes (`needs_target_hidden`, `hf_counterpart`,
-`verify_curve_tokens`, `sizes_own_drafts`, `batched`), so the decoding loop never branches on a
+`verify_curve_tokens`, `sizes_own_drafts`, `batched`, and `feature_layers`, which is data on the
+instance because layer ids depend on the target), so the decoding loop never branches on a
 drafter's type.
 
 Batches: with `batched = True` a drafter drafts for B rows at once. Rows have their own lengths:
@@ -66,6 +67,12 @@ class DraftContext:
     lengths: [B] each row's own number of tokens when rows differ (token_ids is then left padded
         to the longest: a row's tokens are its last lengths[i] columns, so token_ids[:, -1] is
         every row's newest token); None = every row has all T.
+    target_features: [1, n, F] for drafters with `feature_layers` (batch size 1): the target's
+        inputs of those layers (side by side, `TargetOutput.features`) at the n positions it
+        processed and kept since the previous context: after the prefill every position but the
+        newest token's (n = T - 1), after a round the previous newest token's and the accepted
+        drafts' (n = accepted + 1). Position T - 1 - n + j's features predicted token T - n + j,
+        so the features end one position before the newest token. None for other drafters.
     """
 
     token_ids: Tensor
@@ -73,6 +80,7 @@ class DraftContext:
     sampling: SamplingConfig
     generator: torch.Generator
     lengths: tuple[int, ...] | None = None
+    target_features: Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -93,6 +101,10 @@ class Drafter(Protocol):
     """A way of drafting tokens. See drafters/ for implementations."""
 
     needs_target_hidden: ClassVar[bool]  # fill DraftContext.target_hidden for this drafter
+    # The target layers (ids j in [0, num_layers): the input of layer j) whose states the drafter
+    # reads at every position the target keeps (DraftContext.target_features), from the verify
+    # forward itself; () = none. Final after `bind` (the ids depend on the target's depth).
+    feature_layers: tuple[int, ...]
     # The Hugging Face generation mode that does the same thing (a `specdraft.bench` peer name such
     # as "hf_assisted"), or None: the bench compares each drafter with its counterpart.
     hf_counterpart: ClassVar[str | None]

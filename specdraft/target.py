@@ -10,6 +10,7 @@ that run a model of their own (a draft model, a quantized copy) wrap it in a Tar
 from __future__ import annotations
 
 from collections.abc import Sequence
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +30,9 @@ class TargetOutput:
 
     logits: Tensor  # [B, n, V] float32 for the last n positions (n = num_logits or all)
     hidden: Tensor  # [B, k, H] last-layer (post-norm) hidden states of every input position
+    # [B, k, F] the inputs of the layers `forward(features=...)` asked for, side by side
+    # (F = len(features) * H; layer j's input = HF's output_hidden_states[j]); None when none was asked
+    features: Tensor | None = None
 
 
 @dataclass
@@ -41,6 +45,16 @@ class _PrefixState:
     base: int
     token_ids: Tensor  # [B, P]
     hidden: Tensor  # [B, P, H] pre-norm output of layer num_layers
+
+
+def check_feature_layers(layers: Sequence[int], num_layers: int) -> None:
+    """A clear error for feature layer ids outside [0, num_layers) or repeated."""
+    bad = [j for j in layers if not 0 <= int(j) < num_layers]
+    if bad or len(set(layers)) != len(layers):
+        raise ValueError(
+            f"feature layers must be distinct layer ids in [0, {num_layers}) (the input of layer j; 0 = the "
+            f"embeddings), got {list(layers)}."
+        )
 
 
 class TargetModel:
@@ -274,6 +288,7 @@ class TargetModel:
         attention_mask: Tensor | None = None,
         position_ids: Tensor | None = None,
         valid: Tensor | None = None,
+        features: Sequence[int] = (),
     ) -> TargetOutput:
         """Run token_ids [B, k] after the cached positions and append them to the cache.
 
@@ -286,7 +301,12 @@ class TargetModel:
         shorter than the batch's longest, a row's draft shorter than the longest draft). Given once,
         the cache tracks each row's own tokens from then on (`ragged`): every row gets its own
         positions and attends to its own tokens only, as if it ran alone.
+        features: layer ids j in [0, num_layers) whose inputs (the residual stream after layer j - 1;
+        0 = the embeddings) come back as `TargetOutput.features`, from this same forward (what
+        feature-level drafters such as EAGLE-3 read). Not with an early-exit prefix pending.
         """
+        if features:
+            check_feature_layers(features, self.num_layers)
         if valid is not None and not self.ragged:
             if self.cache_length == 0:
                 self._stack.start_layout(RowLayout(valid.new_zeros((valid.shape[0], 0))))
@@ -301,18 +321,22 @@ class TargetModel:
                 self._compact(force=True)
             new_valid = (torch.ones(token_ids.shape, dtype=torch.bool) if valid is None else valid).to(self.device)
             mask, positions = layout.inputs(new_valid, self._stack.embed(token_ids[:, :1]).dtype)
-            hidden = self._stack.forward(token_ids, mask, positions)
+            hidden, taps = self._stack.forward(token_ids, mask, positions, features)
             layout.append(new_valid)
         elif attention_mask is not None or position_ids is not None:
             self.discard_prefix()
-            hidden = self._stack.forward(token_ids, attention_mask, position_ids)
+            hidden, taps = self._stack.forward(token_ids, attention_mask, position_ids, features)
         elif self._prefix is not None:
-            hidden = self._forward_after_prefix(token_ids)  # [B, k, H]
-        elif self._graphs is not None and self._graphs.usable(token_ids):
-            hidden = self._graphs.run(token_ids)
+            if features:
+                raise ValueError("layer features cannot be read while an early-exit prefix is pending; "
+                                 "call discard_prefix() first.")
+            hidden, taps = self._forward_after_prefix(token_ids), None  # [B, k, H]
+        elif self._graphs is not None and self._graphs.usable(token_ids) and not features:
+            hidden, taps = self._graphs.run(token_ids), None
         else:
-            hidden = self._stack.forward(token_ids)
-        return self._output(hidden, num_logits)
+            hidden, taps = self._stack.forward(token_ids, features=features)
+        out = self._output(hidden, num_logits)
+        return out if taps is None else dataclasses.replace(out, features=taps)
 
     @torch.inference_mode()
     def logits(self, hidden: Tensor) -> Tensor:
@@ -385,7 +409,7 @@ class TargetModel:
         num_pending = st.token_ids.shape[1]
         if num_pending > token_ids.shape[1] or not torch.equal(token_ids[:, :num_pending], st.token_ids):
             self.discard_prefix()
-            return self._stack.forward(token_ids)
+            return self._stack.forward(token_ids)[0]
         self._prefix = None
         hidden = st.hidden  # [B, P, H] layers < E already done (and cached) for the pending tokens
         rest = token_ids[:, num_pending:]  # [B, k-P]

@@ -175,14 +175,15 @@ def accepted_positions(past_len: int, path: Sequence[int]) -> list[int]:
     return list(range(past_len + 1)) + [past_len + 1 + i for i in path]
 
 
-def tree_score(target, inputs: Tensor, draft: Draft):  # noqa: ANN001, ANN201
+def tree_score(target, inputs: Tensor, draft: Draft, features: Sequence[int] = ()):  # noqa: ANN001, ANN201
     """The target forward over [root] + tree nodes (inputs [1, N+1]) with the tree mask and
-    positions; returns its TargetOutput (logits [1, N+1, V]). The cache then holds all N+1."""
+    positions; returns its TargetOutput (logits [1, N+1, V]; the inputs of layers `features`
+    too). The cache then holds all N+1."""
     if draft.parents is None or inputs.shape[0] != 1:
         raise ValueError("a tree forward needs a tree draft (parents set) and batch size 1.")
     past = target.cache_length
     mask, pos = tree_attention(draft.parents[0].tolist(), past, target.lm_head.weight.dtype, target.device)
-    return target.forward(inputs, attention_mask=mask, position_ids=pos)
+    return target.forward(inputs, attention_mask=mask, position_ids=pos, features=features)
 
 
 def tree_accept(target, draft: Draft, out, sampling: SamplingConfig,  # noqa: ANN001, ANN201
@@ -207,7 +208,8 @@ def tree_accept(target, draft: Draft, out, sampling: SamplingConfig,  # noqa: AN
     chain = Draft(token_ids=draft.token_ids[:, rows[1:] - 1])
     result = VerifyResult(num_accepted=torch.tensor([len(verdict.path)], device=out.logits.device),
                           next_token=torch.tensor([verdict.next_token], device=out.logits.device))
-    return chain, TargetOutput(logits=out.logits[:, rows], hidden=out.hidden[:, rows]), result
+    kept = None if out.features is None else out.features[:, rows]
+    return chain, TargetOutput(logits=out.logits[:, rows], hidden=out.hidden[:, rows], features=kept), result
 
 
 def tree_forward(target, inputs: Tensor, draft: Draft, sampling: SamplingConfig,  # noqa: ANN001, ANN201

@@ -74,6 +74,7 @@ class RecomputeDrafter:
     batch). Obviously correct, slow."""
 
     needs_target_hidden: ClassVar[bool] = False
+    feature_layers: tuple[int, ...] = ()
     hf_counterpart: ClassVar[str | None] = None
     verify_curve_tokens: ClassVar[int] = 0
     sizes_own_drafts: ClassVar[bool] = False

@@ -26,6 +26,7 @@ class OracleDrafter:
     at every absolute position divisible by `corrupt_every`."""
 
     needs_target_hidden: ClassVar[bool] = False
+    feature_layers: tuple[int, ...] = ()
     hf_counterpart: ClassVar[str | None] = None
     verify_curve_tokens: ClassVar[int] = 0
     sizes_own_drafts: ClassVar[bool] = False

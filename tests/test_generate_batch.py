@@ -31,6 +31,7 @@ class ReferenceDrafter:
     some positions: rows draft different numbers of tokens and accept different numbers."""
 
     needs_target_hidden: ClassVar[bool] = False
+    feature_layers: tuple[int, ...] = ()
     hf_counterpart: ClassVar[str | None] = None
     verify_curve_tokens: ClassVar[int] = 0
     sizes_own_drafts: ClassVar[bool] = False

@@ -32,7 +32,6 @@ hidden-state cache records its target too (`specdraft.formats.target_info.guard_
 from __future__ import annotations
 
 import random
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -44,7 +43,6 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
-from tqdm import tqdm
 
 from drafters.medusa_forms import CompiledHeads
 from specdraft.build import target_label
@@ -55,6 +53,7 @@ from specdraft.target import TargetModel
 from specdraft.train.loop import TrainLog, TrainSettings
 from specdraft.train.loop import train as train_loop
 from specdraft.train.outputs import prepare_output_dir
+from specdraft.train.shard_cache import cached_shards
 from specdraft.vocab import VOCAB_FILE, PrunedVocab, build_pruned_vocab
 
 TOPK_STATS = 10  # accuracy of each head's rank-0..9 candidates (chooses the tree)
@@ -108,29 +107,9 @@ def precompute(
     name: str,
     shard_tokens: int = 8192,
 ) -> HiddenSet:
-    """Run the target once over every (ids [T], first input position) and cache h_t, a_t.
-
-    Shards of ~shard_tokens are written as <cache_dir>/<name>-NNNN.pt; existing shards are reused,
-    so an interrupted run resumes where it stopped (a shard is reused only if it holds the same
-    number of tokens, so a growing JSONL reuses every full shard).
-    """
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    shards: list[list[tuple[Tensor, int]]] = [[]]
-    count = 0
-    for seq in sequences:
-        if count >= shard_tokens:
-            shards.append([])
-            count = 0
-        shards[-1].append(seq)
-        count += len(seq[0])
-    parts = []
-    for i, shard in enumerate(tqdm(shards, desc=f"hidden states {name}", file=sys.stdout)):
-        path = cache_dir / f"{name}-{i:04d}.pt"
-        part = torch.load(path) if path.is_file() else None
-        if part is None or len(part["choice"]) != sum(len(ids) for ids, _ in shard):
-            part = _states(target, shard)
-            torch.save(part, path)
-        parts.append(part)
+    """Run the target once over every (ids [T], first input position) and cache h_t, a_t in
+    resumable shards (`specdraft.train.shard_cache`)."""
+    parts = cached_shards(sequences, cache_dir, name, lambda shard: _states(target, shard), shard_tokens)
     return HiddenSet(
         hidden=torch.cat([p["hidden"] for p in parts]).float(),
         choice=torch.cat([p["choice"] for p in parts]).long(),

@@ -1,0 +1,170 @@
+"""EAGLE-3 drafting: a one-layer head drafts from the target's own layer features.
+
+The head (`specdraft.formats.eagle_head`) sees, at position j, the token x_{j+1} and a feature of
+position j; for every position the target has verified that feature is a fusion of the target's
+hidden states entering three of its layers, read from the verify forward itself
+(`feature_layers`, `DraftContext.target_features`: no second pass). It therefore runs one position
+behind the target: after the target kept the features of positions ..T-2, the head's output at
+pair (f_{T-2}, x_{T-1}) (x_{T-1} the newest committed token) guesses the first draft token. Each
+further draft token feeds the head's own output back as the feature (EAGLE's "feature
+extrapolation"), with the drafted token's embedding.
+
+The head keeps its own KV cache of the pairs with verified features; the entries its drafting
+added are cropped at the next round and replaced by the verified ones. Drafting goes through the
+shared loop (`specdraft.draft_loop.draft_autoregressively`), so q is the head's warped distribution
+over its draft vocabulary expanded to the target's ids, and verification is exact for greedy and
+sampled decoding alike.
+
+Batch size 1 (`batched = False`: per-row feature streams are not built yet).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from specdraft.draft_loop import draft_autoregressively
+from specdraft.formats.eagle_head import EagleHead, HeadCache, load_head, random_head
+from specdraft.protocol import Draft, DraftContext
+from specdraft.vocab import PrunedVocab
+
+if TYPE_CHECKING:
+    from specdraft.target import TargetModel
+
+
+class EagleDrafter:
+    """EAGLE-3 drafter: `drafter=eagle drafter.head=<directory written by specdraft-train-eagle or
+    any speculators EAGLE-3 head for the target>`.
+
+    head: a head directory, an in-memory `EagleHead`, or None for a random head (tests only:
+        `seed`, `aux_layers` and `draft_ids` shape it).
+    """
+
+    needs_target_hidden: ClassVar[bool] = False
+    hf_counterpart: ClassVar[str | None] = None
+    verify_curve_tokens: ClassVar[int] = 0
+    sizes_own_drafts: ClassVar[bool] = False
+    batched: ClassVar[bool] = False
+
+    def __init__(self, head: str | Path | EagleHead | None, seed: int = 0,
+                 aux_layers: Sequence[int] | None = None, draft_ids: Sequence[int] | None = None) -> None:
+        self.head_source = head
+        self.seed, self.aux_layers, self.draft_ids = seed, aux_layers, draft_ids
+        self.head: EagleHead | None = head if isinstance(head, EagleHead) else None
+        self.feature_layers: tuple[int, ...] = () if self.head is None else tuple(self.head.config.aux_layers)
+        self.vocab: PrunedVocab | None = None
+        self._target: TargetModel | None = None
+        self._cache: HeadCache | None = None
+        self._fed = 0  # pairs with verified features in the head's cache (pair j at position j)
+        self._pending: Tensor | None = None  # [1, p, F] verified features of pairs _fed.. not yet fed
+        self._last: tuple[Tensor, Tensor] | None = None  # (logits [1, M], output [1, 1, H]) after pair _fed - 1
+
+    # ------------------------------------------------------------------ protocol
+    def bind(self, target: TargetModel) -> None:
+        """Load the head (checked against the target) and read its feature layers."""
+        if self.head is None or self._target is not target:
+            if isinstance(self.head_source, EagleHead):
+                self.head = self.head_source
+            elif self.head_source is None:
+                self.head = random_head(target, self.seed, self.draft_ids, self.aux_layers)
+            else:
+                self.head = load_head(self.head_source, target)
+        head = self.head
+        if head.config.hidden_size != target.hidden_size or head.config.vocab_size != target.vocab_size:
+            raise ValueError(
+                f"this EAGLE-3 head was made for a target with hidden size {head.config.target_hidden_size} "
+                f"and vocab {head.config.vocab_size}; this target has {target.hidden_size} and {target.vocab_size}."
+            )
+        if max(head.config.aux_layers) >= target.num_layers:
+            raise ValueError(f"the head reads target layers {list(head.config.aux_layers)}, but the target has "
+                             f"{target.num_layers} layers.")
+        self.head = head.to(device=target.device, dtype=target.lm_head.weight.dtype).eval()
+        self.feature_layers = tuple(head.config.aux_layers)
+        vocab = head.vocab()
+        self.vocab = None if vocab.size == target.vocab_size else vocab.to(target.device)
+        self._target = target
+        self.reset()
+
+    def propose(self, ctx: DraftContext, num_tokens: int) -> Draft:
+        empty = Draft(token_ids=ctx.token_ids.new_zeros((1, 0)))
+        self._take(ctx)
+        if num_tokens <= 0 or self._fed + self._num_pending() == 0:
+            return empty  # a one-token prompt: no verified feature yet
+        if self._fed + self._num_pending() != ctx.token_ids.shape[1] - 1:
+            raise ValueError("the EAGLE-3 drafter lost track of the target's features (it needs every round's).")
+        if self._cache is not None:
+            self._cache.crop(self._fed)  # last round's drafted entries go
+        with torch.inference_mode():
+            return draft_autoregressively(self._step_fn(ctx), ctx.token_ids[:, -1:], num_tokens, ctx, self.vocab)
+
+    def commit(self, ctx: DraftContext, num_accepted: Sequence[int]) -> None:
+        self._take(ctx)
+
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        if list(rows) != [0]:
+            raise ValueError("the EAGLE-3 drafter runs at batch size 1.")
+
+    def reset(self) -> None:
+        self._cache, self._fed, self._pending, self._last = None, 0, None, None
+
+    def learn(self, token_ids: Tensor, prompt_len: int) -> dict[str, Any]:
+        return {}
+
+    # ------------------------------------------------------------------ internals
+    def _num_pending(self) -> int:
+        return 0 if self._pending is None else int(self._pending.shape[1])
+
+    def _take(self, ctx: DraftContext) -> None:
+        """Keep the features of pairs not yet seen: ctx.target_features [1, n, F] cover pairs
+        T-1-n .. T-2 (T committed tokens); a context seen twice adds nothing."""
+        feats = ctx.target_features
+        if feats is None or feats.shape[1] == 0:
+            return
+        first = ctx.token_ids.shape[1] - 1 - feats.shape[1]  # pair index of feats[:, 0]
+        known = self._fed + self._num_pending()
+        if first > known:
+            raise ValueError("the EAGLE-3 drafter missed the target's features of a round.")
+        new = feats[:, known - first :]
+        if new.shape[1]:
+            self._pending = new if self._pending is None else torch.cat([self._pending, new], dim=1)
+
+    def _rope(self, start: int, n: int, like: Tensor) -> tuple[Tensor, Tensor]:
+        assert self._target is not None
+        positions = torch.arange(start, start + n, device=like.device)[None]  # [1, n]
+        return self._target.model.base_model.rotary_emb(like, position_ids=positions)
+
+    def _step_fn(self, ctx: DraftContext):  # noqa: ANN202
+        """next_logits for the drafting loop: the first call feeds every pending verified pair and
+        returns the logits after the last one; each later call feeds (own output, drafted token)."""
+        head, target = self.head, self._target
+        assert head is not None and target is not None
+        state: dict[str, Tensor] = {}
+
+        def next_logits(feed: Tensor) -> Tensor:
+            if "out" not in state and self._pending is None:  # every verified pair is fed already
+                assert self._last is not None
+                state["out"] = self._last[1]
+                return self._last[0]
+            if "out" not in state:  # the verified pairs (features, the token after each)
+                n = self._pending.shape[1]
+                tokens = ctx.token_ids[:, self._fed + 1 : self._fed + 1 + n]  # [1, n] x_{j+1}
+                hidden = head.fuse(self._pending.to(head.fc.weight.dtype))  # [1, n, H]
+                start = self._fed
+                self._fed += n
+                self._pending = None
+            else:  # the head's own output at the previous position, with the token it drafted
+                tokens, hidden = feed[:, -1:], state["out"]
+                start = self._cache.length if self._cache is not None else 0
+            embeds = target.model.get_input_embeddings()(tokens)  # [1, n, H]
+            verified = "out" not in state
+            logits, out, self._cache = head(embeds, hidden, self._rope(start, tokens.shape[1], embeds), self._cache)
+            state["out"] = out[:, -1:]
+            if verified:  # what the head says after the last verified pair (reused if asked again)
+                self._last = (logits[:, -1].float(), state["out"])
+            return logits[:, -1].float()  # [1, M]
+
+        return next_logits

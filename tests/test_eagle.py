@@ -1,0 +1,248 @@
+"""EAGLE-3: the target's layer features from the verify forward equal Hugging Face's
+`output_hidden_states` (after rollbacks, on both stacks); the drafter is greedy-exact and
+statistically lossless at temperature 1 (with a negative control) on tiny random targets with
+random heads; the head file is the speculators EAGLE-3 format vLLM loads and reloads with
+identical drafts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from drafters.eagle import EagleDrafter
+from specdraft.decode import SpeculativeDecoder
+from specdraft.formats.eagle_head import default_aux_layers, load_head, random_head, save_head
+from specdraft.models import tiny_random_target
+from specdraft.protocol import DraftContext
+from specdraft.sampling import SamplingConfig
+from specdraft.target import TargetModel
+from tests.helpers import exact_two_token_distribution, plain_greedy, pooled_chisquare, sample_two_tokens
+
+LAYERS = (0, 1, 3)  # a 4-layer tiny target: the embeddings, a middle and the last layer's input
+EVEN = list(range(0, 16, 2))
+
+
+def four_layer_target(seed: int = 3, fast: bool | str = "auto") -> TargetModel:
+    return tiny_random_target(vocab_size=16, seed=seed, num_layers=4, fast=fast)
+
+
+def drafter(seed: int = 0, draft_ids: list[int] | None = None) -> EagleDrafter:
+    return EagleDrafter(None, seed=seed, aux_layers=LAYERS, draft_ids=draft_ids)
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "hf"])
+def test_verify_forward_features_equal_hf_hidden_states_after_rollbacks(fast: bool) -> None:
+    target = four_layer_target(fast=fast)
+    ids = torch.tensor([[1, 5, 2, 7, 3, 3, 9, 4, 6, 6, 6, 2]])
+    target.reset()
+    first = target.forward(ids[:, :6], num_logits=0, features=LAYERS)
+    target.forward(torch.tensor([[8, 8, 8, 8]]), features=LAYERS)  # a draft block ...
+    target.crop(7)  # ... of which one token was kept
+    kept = torch.cat([ids[:, :6], torch.tensor([[8]])], dim=1)
+    tail = target.forward(ids[:, 6:9], features=LAYERS)  # after the rollback
+    with torch.inference_mode():
+        full = torch.cat([kept, ids[:, 6:9]], dim=1)
+        hs = target.model.model(input_ids=full, output_hidden_states=True).hidden_states
+    want = torch.cat([hs[j] for j in LAYERS], dim=-1)  # [1, 10, 3H]
+    torch.testing.assert_close(first.features, want[:, :6], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(tail.features, want[:, 7:], rtol=1e-4, atol=1e-4)
+    assert target.forward(torch.tensor([[1]])).features is None  # asked for nothing: nothing computed
+
+
+def test_feature_layers_out_of_range_are_a_clear_error() -> None:
+    target = four_layer_target()
+    with pytest.raises(ValueError, match=r"distinct layer ids in \[0, 4\)"):
+        target.forward(torch.tensor([[1, 2]]), features=(1, 4))
+    with pytest.raises(ValueError, match="no default EAGLE-3 feature layers"):
+        default_aux_layers(4)
+    assert default_aux_layers(30) == (2, 15, 27)  # vLLM's choice for SmolLM2-135M
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_greedy_equals_plain_greedy(seed: int) -> None:
+    target = four_layer_target(seed=seed + 3)
+    dec = SpeculativeDecoder(target, drafter(seed, EVEN if seed == 1 else None), num_draft_tokens=3)
+    prompt = [1, 5, 3, 7][: 1 + seed]
+    out = dec.generate(prompt, max_new_tokens=40, stop_token_ids=[])
+    assert out.token_ids[0].tolist() == plain_greedy(target, prompt, 40)
+    assert out.stats.rounds < 40  # some draft tokens were accepted
+
+
+def test_rounds_without_drafting_keep_the_features() -> None:
+    """A round with K = 0 still hands the drafter its features: the next draft is the head's
+    proposal after every verified pair (the same draft as a drafter that saw them one by one)."""
+    target = four_layer_target()
+    head = random_head(target, seed=5, aux_layers=LAYERS)
+    prompt = [1, 5, 3, 7, 2]
+    dec = SpeculativeDecoder(target, EagleDrafter(head), num_draft_tokens=0)
+    plain = dec.generate(prompt, max_new_tokens=6, stop_token_ids=[]).token_ids[0].tolist()
+    committed = torch.tensor([prompt + plain])  # [1, 11]
+    lazy, eager = EagleDrafter(head), EagleDrafter(head)
+    lazy.bind(target), eager.bind(target)
+    with torch.inference_mode():
+        hs = target.model.model(input_ids=committed, output_hidden_states=True).hidden_states
+    feats = torch.cat([hs[j] for j in LAYERS], dim=-1)  # [1, 11, 3H]
+    ctx = lambda t, n: DraftContext(committed[:, :t], None, SamplingConfig(), torch.Generator(),  # noqa: E731
+                                    target_features=feats[:, t - 1 - n : t - 1])
+    eager.propose(ctx(5, 4), 2)
+    lazy.commit(ctx(5, 4), [0])
+    for t in range(6, 12):  # the eager drafter drafts every round, the lazy one only collects
+        eager.commit(ctx(t, 1), [0])
+        eager.propose(ctx(t, 1), 2)
+        lazy.commit(ctx(t, 1), [0])
+    a, b = eager.propose(ctx(11, 1), 3), lazy.propose(ctx(11, 1), 3)
+    assert a.token_ids.tolist() == b.token_ids.tolist()
+    torch.testing.assert_close(a.probs, b.probs)
+
+
+def _two_token_pvalue(target: TargetModel, seed: int = 0) -> float:
+    sampling = SamplingConfig(temperature=1.0)
+    dec = SpeculativeDecoder(target, drafter(seed), num_draft_tokens=2, sampling=sampling)
+    counts = sample_two_tokens(dec, [2, 9, 4], n=1200, vocab=target.vocab_size)
+    return pooled_chisquare(counts, exact_two_token_distribution(target, [2, 9, 4], sampling))
+
+
+def test_chain_is_lossless_at_temperature_one() -> None:
+    assert _two_token_pvalue(four_layer_target(seed=1)) > 1e-4
+
+
+def test_lossless_test_catches_a_q_that_is_not_the_drafts_law(monkeypatch) -> None:  # noqa: ANN001
+    """Negative control: drafting the argmax while reporting the head's distribution as q must fail."""
+    import specdraft.draft_loop
+
+    monkeypatch.setattr(specdraft.draft_loop, "draw", lambda q, sampling, generator: q.argmax(dim=-1))
+    assert _two_token_pvalue(four_layer_target(seed=1)) < 1e-6
+
+
+def test_batches_are_refused_with_a_clear_error() -> None:
+    dec = SpeculativeDecoder(four_layer_target(), drafter(), num_draft_tokens=2)
+    with pytest.raises(ValueError, match="one sequence at a time"):
+        dec.generate_batch([[1, 2], [3, 4, 5]], 4)
+
+
+# ------------------------------------------------------------------ the file vLLM loads
+VLLM_WEIGHTS = {  # name -> shape for a head on the 4-layer tiny target (H 32, 4 heads of 8, I 64)
+    "fc.weight": (32, 96), "midlayer.input_layernorm.weight": (32,), "midlayer.hidden_norm.weight": (32,),
+    "midlayer.post_attention_layernorm.weight": (32,), "midlayer.self_attn.q_proj.weight": (32, 64),
+    "midlayer.self_attn.k_proj.weight": (32, 64), "midlayer.self_attn.v_proj.weight": (32, 64),
+    "midlayer.self_attn.o_proj.weight": (32, 32), "midlayer.mlp.gate_proj.weight": (64, 32),
+    "midlayer.mlp.up_proj.weight": (64, 32), "midlayer.mlp.down_proj.weight": (32, 64),
+    "norm.weight": (32,), "lm_head.weight": (8, 32), "d2t": (8,), "t2d": (16,),
+}
+
+
+def test_saved_head_is_the_speculators_format_and_reloads_with_identical_drafts(tmp_path) -> None:  # noqa: ANN001
+    from safetensors.torch import load_file
+
+    target = four_layer_target()
+    head = random_head(target, seed=2, draft_ids=EVEN, aux_layers=LAYERS)
+    save_head(head, tmp_path / "eagle", target, verifier="tiny-random", speculative_tokens=3, dtype=torch.float32)
+    tensors = load_file(str(tmp_path / "eagle" / "model.safetensors"))
+    assert {k: tuple(v.shape) for k, v in tensors.items()} == VLLM_WEIGHTS
+    assert tensors["d2t"].dtype == torch.int64 and tensors["t2d"].dtype == torch.bool
+    assert (torch.arange(8) + tensors["d2t"]).tolist() == EVEN  # vLLM: target id = draft id + d2t[draft id]
+    assert tensors["t2d"].nonzero().flatten().tolist() == EVEN
+    config = json.loads((tmp_path / "eagle" / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3" and config["architectures"] == ["Eagle3Speculator"]
+    assert config["eagle_aux_hidden_state_layer_ids"] == list(LAYERS)
+    assert config["draft_vocab_size"] == 8 and config["target_hidden_size"] == 32
+    assert config["norm_before_residual"] is False
+    assert config["transformer_layer_config"]["num_hidden_layers"] == 1
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
+    assert config["speculators_config"]["verifier"]["name_or_path"] == "tiny-random"
+
+    prompt = [1, 5, 3, 7]
+    outs = []
+    for source in (head, tmp_path / "eagle"):
+        dec = SpeculativeDecoder(target, EagleDrafter(source), num_draft_tokens=3)
+        result = dec.generate(prompt, max_new_tokens=24, stop_token_ids=[])
+        outs.append((result.token_ids[0].tolist(), result.stats.rounds))
+    assert outs[0] == outs[1]
+    assert isinstance(load_head(tmp_path / "eagle", target).config.aux_layers, tuple)
+
+
+def test_loading_a_head_for_another_target_names_both(tmp_path) -> None:  # noqa: ANN001
+    target = four_layer_target()
+    save_head(random_head(target, aux_layers=LAYERS), tmp_path / "eagle", target, verifier="tiny")
+    other = tiny_random_target(vocab_size=16, seed=3, num_layers=4, hidden_size=48)
+    with pytest.raises(ValueError, match="hidden size 32.*this target has hidden size 48"):
+        EagleDrafter(tmp_path / "eagle").bind(other)
+    with pytest.raises(ValueError, match="not an EAGLE-3 head directory"):
+        EagleDrafter(tmp_path).bind(target)
+
+
+# ------------------------------------------------------------------ training (training-time test)
+def greedy_sequences(target: TargetModel, n: int, seed: int, new: int = 24) -> list[tuple[torch.Tensor, int]]:
+    """The target's own greedy answers to random prompts: (prompt + answer ids, answer start - 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        prompt = torch.randint(16, (int(torch.randint(3, 9, (1,), generator=gen)),), generator=gen).tolist()
+        answer = plain_greedy(target, prompt, new)
+        out.append((torch.tensor(prompt + answer), len(prompt) - 1))
+    return out
+
+
+def feature_seqs(target: TargetModel, seqs, tmp_path, name: str):  # noqa: ANN001, ANN201
+    from specdraft.train.eagle import feature_sequences
+
+    return feature_sequences(target, seqs, LAYERS, tmp_path, name)
+
+
+def test_unrolled_training_steps_are_what_the_drafter_computes(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """The training-time test's step s at anchor j gives the distribution the drafter gives for
+    its (s+1)-th draft token after pair j, when the drafts before it were the sequence's tokens."""
+    import specdraft.draft_loop
+    from specdraft.train.eagle import unroll
+    from specdraft.vocab import PrunedVocab
+
+    target = four_layer_target()
+    head = random_head(target, seed=4, aux_layers=LAYERS)
+    (seq,) = feature_seqs(target, greedy_sequences(target, 1, seed=0), tmp_path, "one")
+    embed, rotary = target.model.get_input_embeddings(), target.model.base_model.rotary_emb
+    with torch.no_grad():
+        logits, _ = unroll(head, embed, rotary, seq, 0, seq.ids.shape[0], 3, PrunedVocab(torch.arange(16), 16))
+    for j in (2, 7, 15):
+        truth = seq.ids[j + 2 : j + 5].tolist()  # the drafts "drawn": the sequence's own tokens
+        monkeypatch.setattr(specdraft.draft_loop, "draw", lambda q, s, g, it=iter(truth): torch.tensor([next(it)]))
+        d = EagleDrafter(head)
+        d.bind(target)
+        ctx = DraftContext(seq.ids[None, : j + 2], None, SamplingConfig(temperature=1.0), torch.Generator(),
+                           target_features=seq.features[None, : j + 1].float())
+        draft = d.propose(ctx, 3)
+        assert draft.token_ids[0].tolist() == truth
+        for s in range(3):
+            torch.testing.assert_close(draft.probs[0, s], torch.softmax(logits[s][j].float(), -1), rtol=1e-3, atol=1e-4)
+
+
+def test_training_raises_held_out_acceptance(tmp_path) -> None:  # noqa: ANN001
+    from omegaconf import OmegaConf
+
+    from specdraft.train.eagle import evaluate, new_head, train_head
+    from specdraft.vocab import build_pruned_vocab
+
+    target = four_layer_target(seed=5)
+    train_seqs = feature_seqs(target, greedy_sequences(target, 24, seed=1), tmp_path, "train")
+    eval_seqs = feature_seqs(target, greedy_sequences(target, 6, seed=2), tmp_path, "eval")
+    vocab = build_pruned_vocab([s.choice for s in train_seqs], 12, 16)
+    cfg = OmegaConf.create({"aux_layers": list(LAYERS), "seed": 0, "resume": False, "window": 64, "ttt_steps": 3,
+                            "decay": 0.8, "train": {"max_steps": 200, "lr": 0.003, "warmup_steps": 5,
+                                                    "checkpoint_every": 0}})
+    embed, rotary = target.model.get_input_embeddings(), target.model.base_model.rotary_emb
+    before = evaluate(new_head(target, vocab, LAYERS, 0), embed, rotary, eval_seqs, 64, 3, vocab)
+    head, log = train_head(cfg, target, train_seqs, eval_seqs, vocab, tmp_path / "ckpt.pt")
+    after = evaluate(head, embed, rotary, eval_seqs, 64, 3, vocab)
+    assert log["steps"] == 200 and after["anchors"] == before["anchors"] > 0
+    # a random tiny target's text is hard to predict: far from perfect, but far above the fresh head
+    assert after["expected_accepted_length"] > before["expected_accepted_length"] + 0.4
+    assert after["acceptance_per_position"][0] > 3 * before["acceptance_per_position"][0]
+    # the trained head drafts for the decoder: greedy output unchanged, fewer rounds than plain decoding
+    prompt = greedy_sequences(target, 1, seed=9)[0][0][:6].tolist()
+    rounds = []
+    for h in (new_head(target, vocab, LAYERS, 0), head):
+        out = SpeculativeDecoder(target, EagleDrafter(h), num_draft_tokens=3).generate(prompt, 30, stop_token_ids=[])
+        assert out.token_ids[0].tolist() == plain_greedy(target, prompt, 30)
+        rounds.append(out.stats.rounds)
+    assert rounds[1] < rounds[0]
