@@ -43,6 +43,7 @@ CASES = {
     "specdraft-train-draft": (["out_dir={taken}"], "overwrite=true"),
     "specdraft-train-medusa": (["out_dir={taken}"], "overwrite=true"),
     "specdraft-train-early-exit": (["out_dir={taken}"], "overwrite=true"),
+    "specdraft-train-eagle": (["out_dir={taken}"], "overwrite=true"),
     "specdraft-selfgen": (["out_dir={taken}"], "overwrite=true"),
     "specdraft-export-medusa": (["out_dir={taken}"], "overwrite=true"),
 }

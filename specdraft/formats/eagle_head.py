@@ -43,11 +43,13 @@ from torch import Tensor, nn
 
 from specdraft.fast_stack import apply_rope, continuation_mask, rms_norm, rope_tables
 from specdraft.formats.target_info import RECORD_KEY, check_target, read_record, target_info
+from specdraft.shipped import require_artifact
 from specdraft.vocab import PrunedVocab
 
 if TYPE_CHECKING:
     from specdraft.target import TargetModel
 
+DEFAULT_ARTIFACT = "eagle"  # a target alias names its shipped head <alias>/eagle
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 HEAD_KEYS = ("hidden_size", "vocab_size", "num_layers", "tokenizer_hash")  # reads layers by id, shares ids
@@ -263,10 +265,11 @@ def save_head(head: EagleHead, out_dir: str | Path, target: TargetModel, verifie
 def load_head(head_dir: str | Path, target: TargetModel | None = None) -> EagleHead:
     """Read a speculators EAGLE-3 directory (ours, or one written by SpecForge / speculators for
     a Llama-family target) into an `EagleHead` in the target's dtype, after checking that it was
-    made for `target` (a named error, not a size mismatch)."""
+    made for `target` (a named error, not a size mismatch). head_dir: a directory, or a shipped
+    head: a target alias ("smollm2-135m" -> its `eagle` artifact) or `<alias>/<name>`."""
     from safetensors.torch import load_file
 
-    path = Path(head_dir)
+    path = require_artifact(head_dir, "EAGLE-3 head", default=DEFAULT_ARTIFACT)
     config_file = path / CONFIG_FILE
     if not config_file.is_file() or not (path / WEIGHTS_FILE).is_file():
         raise ValueError(f"{path} is not an EAGLE-3 head directory: it needs {CONFIG_FILE} and {WEIGHTS_FILE} "
