@@ -15,6 +15,13 @@ shared loop (`specdraft.draft_loop.draft_autoregressively`), so q is the head's 
 over its draft vocabulary expanded to the target's ids, and verification is exact for greedy and
 sampled decoding alike.
 
+`topk` > 1 drafts an EAGLE-2 dynamic tree instead of a chain (`drafters.eagle_tree`): up to
+`tree_depth` tokens deep and at most the round's K nodes (one verify forward scores them), each
+depth expands the `topk` most probable paths (all of a depth in one head
+pass, with a tree mask over the head's cache), and the best nodes are kept, as many as the target's
+measured verify-cost curve pays for. The candidates are deterministic, so the tree verifier
+(`specdraft.tree`) keeps the output exact at any temperature.
+
 Batch size 1 (`batched = False`: per-row feature streams are not built yet).
 """
 
@@ -27,10 +34,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
+from drafters.eagle_tree import best_nodes, expansion_mask, grow_tree, node_budget
+from specdraft import costs
 from specdraft.draft_loop import draft_autoregressively
 from specdraft.formats.eagle_head import EagleHead, HeadCache, load_head, random_head
 from specdraft.protocol import Draft, DraftContext
 from specdraft.vocab import PrunedVocab
+
+MAX_TREE_NODES = 32  # the largest tree drafted (the verify-cost curve is measured this far)
 
 if TYPE_CHECKING:
     from specdraft.target import TargetModel
@@ -42,16 +53,31 @@ class EagleDrafter:
 
     head: a head directory, an in-memory `EagleHead`, or None for a random head (tests only:
         `seed`, `aux_layers` and `draft_ids` shape it).
+    topk: 1 = a chain (q-weighted verification); k > 1 = an EAGLE-2 dynamic tree, k paths wide
+        and the round's K deep.
+    tree_depth: for a tree, how many tokens deep it grows (the depth-1 expansions are head passes).
+    tree_nodes: for a tree, "auto" (as many nodes as the verify-cost curve pays for, given the
+        draft's path probabilities) or an int N (the N most probable nodes), at most MAX_TREE_NODES;
+        never more than the round's K (the decoder's cap on the tokens one verify forward scores).
     """
 
     needs_target_hidden: ClassVar[bool] = False
     hf_counterpart: ClassVar[str | None] = None
-    verify_curve_tokens: ClassVar[int] = 0
+    verify_curve_tokens: ClassVar[int] = MAX_TREE_NODES  # tree_nodes="auto" reads the curve this far
     sizes_own_drafts: ClassVar[bool] = False
     batched: ClassVar[bool] = False
 
     def __init__(self, head: str | Path | EagleHead | None, seed: int = 0,
-                 aux_layers: Sequence[int] | None = None, draft_ids: Sequence[int] | None = None) -> None:
+                 aux_layers: Sequence[int] | None = None, draft_ids: Sequence[int] | None = None,
+                 topk: int = 1, tree_depth: int = 5, tree_nodes: int | str = "auto") -> None:
+        if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
+            raise ValueError(f"topk must be an integer >= 1 (1 = a chain, k > 1 = a tree k paths wide), got {topk!r}.")
+        if tree_nodes != "auto" and (isinstance(tree_nodes, bool) or not isinstance(tree_nodes, int)
+                                     or not 1 <= tree_nodes <= MAX_TREE_NODES):
+            raise ValueError(f"tree_nodes must be \"auto\" or an integer in [1, {MAX_TREE_NODES}], got {tree_nodes!r}.")
+        if isinstance(tree_depth, bool) or not isinstance(tree_depth, int) or tree_depth < 1:
+            raise ValueError(f"tree_depth must be an integer >= 1, got {tree_depth!r}.")
+        self.topk, self.tree_depth, self.tree_nodes = topk, tree_depth, tree_nodes
         self.head_source = head
         self.seed, self.aux_layers, self.draft_ids = seed, aux_layers, draft_ids
         self.head: EagleHead | None = head if isinstance(head, EagleHead) else None
@@ -99,6 +125,8 @@ class EagleDrafter:
         if self._cache is not None:
             self._cache.crop(self._fed)  # last round's drafted entries go
         with torch.inference_mode():
+            if self.topk > 1:
+                return self._tree(ctx, min(num_tokens, self.tree_depth), num_tokens)
             return draft_autoregressively(self._step_fn(ctx), ctx.token_ids[:, -1:], num_tokens, ctx, self.vocab)
 
     def commit(self, ctx: DraftContext, num_accepted: Sequence[int]) -> None:
@@ -137,6 +165,24 @@ class EagleDrafter:
         positions = torch.arange(start, start + n, device=like.device)[None]  # [1, n]
         return self._target.model.base_model.rotary_emb(like, position_ids=positions)
 
+    def _feed_verified(self, ctx: DraftContext) -> tuple[Tensor, Tensor]:
+        """Feed every pending verified pair (features, the token after each) to the head; returns
+        what the head says after the last one: (logits [1, M] float, output [1, 1, H])."""
+        head, target = self.head, self._target
+        assert head is not None and target is not None
+        if self._pending is None:  # every verified pair is fed already
+            assert self._last is not None
+            return self._last
+        n = self._pending.shape[1]
+        tokens = ctx.token_ids[:, self._fed + 1 : self._fed + 1 + n]  # [1, n] x_{j+1}
+        hidden = head.fuse(self._pending.to(head.fc.weight.dtype))  # [1, n, H]
+        embeds = target.model.get_input_embeddings()(tokens)  # [1, n, H]
+        logits, out, self._cache = head(embeds, hidden, self._rope(self._fed, n, embeds), self._cache)
+        self._fed += n
+        self._pending = None
+        self._last = (logits[:, -1].float(), out[:, -1:])
+        return self._last
+
     def _step_fn(self, ctx: DraftContext):  # noqa: ANN202
         """next_logits for the drafting loop: the first call feeds every pending verified pair and
         returns the logits after the last one; each later call feeds (own output, drafted token)."""
@@ -145,26 +191,59 @@ class EagleDrafter:
         state: dict[str, Tensor] = {}
 
         def next_logits(feed: Tensor) -> Tensor:
-            if "out" not in state and self._pending is None:  # every verified pair is fed already
-                assert self._last is not None
-                state["out"] = self._last[1]
-                return self._last[0]
-            if "out" not in state:  # the verified pairs (features, the token after each)
-                n = self._pending.shape[1]
-                tokens = ctx.token_ids[:, self._fed + 1 : self._fed + 1 + n]  # [1, n] x_{j+1}
-                hidden = head.fuse(self._pending.to(head.fc.weight.dtype))  # [1, n, H]
-                start = self._fed
-                self._fed += n
-                self._pending = None
-            else:  # the head's own output at the previous position, with the token it drafted
-                tokens, hidden = feed[:, -1:], state["out"]
-                start = self._cache.length if self._cache is not None else 0
-            embeds = target.model.get_input_embeddings()(tokens)  # [1, n, H]
-            verified = "out" not in state
-            logits, out, self._cache = head(embeds, hidden, self._rope(start, tokens.shape[1], embeds), self._cache)
+            if "out" not in state:
+                logits, state["out"] = self._feed_verified(ctx)
+                return logits
+            tokens = feed[:, -1:]  # the drafted token, with the head's own output before it
+            embeds = target.model.get_input_embeddings()(tokens)  # [1, 1, H]
+            start = self._cache.length if self._cache is not None else 0
+            logits, out, self._cache = head(embeds, state["out"], self._rope(start, 1, embeds), self._cache)
             state["out"] = out[:, -1:]
-            if verified:  # what the head says after the last verified pair (reused if asked again)
-                self._last = (logits[:, -1].float(), state["out"])
             return logits[:, -1].float()  # [1, M]
 
         return next_logits
+
+    def _tree(self, ctx: DraftContext, depth: int, max_nodes: int) -> Draft:
+        """An EAGLE-2 dynamic tree `depth` deep of at most `max_nodes` nodes (module docstring),
+        sized on the verify-cost curve."""
+        head, target = self.head, self._target
+        assert head is not None and target is not None
+        root_logits, root_out = self._feed_verified(ctx)  # [1, M], [1, 1, H]
+        outputs: dict[int, Tensor] = {-1: root_out[0]}  # expanded node -> the head's output there [1, H]
+        slot: dict[int, int] = {}  # expanded node -> its position in the head's cache
+        embed = target.model.get_input_embeddings()
+
+        def expand(nodes: list[int], tokens: Tensor, parents: list[int]) -> Tensor:
+            """Feed these nodes (one depth; each with its parent's output) and return their children's log q."""
+            assert self._cache is not None
+            paths, level = [], 0
+            for node in nodes:  # the cache slots of each node's ancestors (all fed by earlier expansions)
+                chain, p = [], parents[node]
+                while p >= 0:
+                    chain.append(slot[p])
+                    p = parents[p]
+                paths.append(chain)
+                level = len(chain)  # every node of one expansion has the same depth
+            length = self._cache.length
+            hidden = torch.cat([outputs[parents[n]] for n in nodes], dim=0)[None]  # [1, f, H]
+            ids = tokens if self.vocab is None else self.vocab.to_target(tokens)
+            embeds = embed(ids[None])  # [1, f, H]
+            positions = torch.full((1, len(nodes)), self._fed + level, device=embeds.device)  # depth d at fed + d
+            cos_sin = target.model.base_model.rotary_emb(embeds, position_ids=positions)
+            mask = expansion_mask(self._fed, length, paths, embeds.dtype).to(embeds.device)  # [f, L + f]
+            logits, out, self._cache = head(embeds, hidden, cos_sin, self._cache, mask)
+            for r, node in enumerate(nodes):
+                outputs[node], slot[node] = out[:, r], length + r
+            return torch.log_softmax(logits[0].float(), dim=-1)  # [f, M]
+
+        tree = grow_tree(torch.log_softmax(root_logits[0], dim=-1), expand, self.topk, depth)
+        if self.tree_nodes == "auto":
+            n = node_budget(tree.scores, costs.verify_curve(target, MAX_TREE_NODES)[: max_nodes + 1])
+        else:
+            n = min(int(self.tree_nodes), max_nodes)
+        if n == 0:
+            return Draft(token_ids=ctx.token_ids.new_zeros((1, 0)))
+        tokens, parents = best_nodes(tree, n)  # [N] draft indices, [N]
+        ids = tokens if self.vocab is None else self.vocab.to_target(tokens)
+        device = ctx.token_ids.device
+        return Draft(token_ids=ids[None].to(device), parents=parents[None].to(device))

@@ -56,14 +56,17 @@ def exact_two_token_distribution(
     return joint.ravel()
 
 
-def sample_two_tokens(decoder: SpeculativeDecoder, prompt: list[int], n: int, vocab: int) -> np.ndarray:
+def sample_two_tokens(decoder: SpeculativeDecoder, prompt: list[int], n: int, vocab: int,
+                      new_tokens: int = 2) -> np.ndarray:
     """Counts [V * V] of the first two tokens over n generations with seeds 0..n-1 (the decoder's
-    sampling settings otherwise; passed per call, the decoder is not changed)."""
+    sampling settings otherwise; passed per call, the decoder is not changed). new_tokens: how
+    many each generation makes (a round drafts at most new_tokens - 1: more lets a first round
+    draft a tree with siblings)."""
     counts = np.zeros(vocab * vocab)
     base = decoder.sampling
     for seed in range(n):
         sampling = base.with_seed(seed)
-        toks = decoder.generate(prompt, 2, stop_token_ids=[], sampling=sampling).token_ids[0].tolist()
+        toks = decoder.generate(prompt, new_tokens, stop_token_ids=[], sampling=sampling).token_ids[0].tolist()
         counts[toks[0] * vocab + toks[1]] += 1
     return counts
 

@@ -246,3 +246,109 @@ def test_training_raises_held_out_acceptance(tmp_path) -> None:  # noqa: ANN001
         assert out.token_ids[0].tolist() == plain_greedy(target, prompt, 30)
         rounds.append(out.stats.rounds)
     assert rounds[1] < rounds[0]
+
+
+# ------------------------------------------------------------------ EAGLE-2 dynamic trees
+def test_grow_tree_expands_the_best_paths_and_keeps_ancestors() -> None:
+    from drafters.eagle_tree import best_nodes, grow_tree
+
+    logp = torch.log(torch.tensor([0.5, 0.3, 0.2]))  # the same children under every node
+    seen = []
+
+    def expand(nodes, tokens, parents):  # noqa: ANN001, ANN202
+        seen.append((list(nodes), tokens.tolist(), list(parents)))
+        return logp.expand(len(nodes), 3)
+
+    tree = grow_tree(logp, expand, topk=2, depth=3)
+    assert seen[0] == ([0, 1], [0, 1], [-1, -1])  # depth 0: the root's best two tokens
+    # depth 1: the best 2 of {0.25, 0.15, 0.1 | 0.15, 0.09, 0.06}: token 0 then token 1 under node 0
+    assert tree.tokens[2:4].tolist() == [0, 1] and tree.parents[2:4].tolist() == [0, 0]
+    torch.testing.assert_close(tree.scores[2:4].exp(), torch.tensor([0.25, 0.15]))
+    assert seen[1][0] == [2, 3] and len(tree.tokens) == 6
+    tokens, parents = best_nodes(tree, 4)  # 0.5, 0.3, 0.25, 0.15 (node 3 wins the tie with node 1's child)
+    assert tokens.tolist() == [0, 1, 0, 1] and parents.tolist() == [-1, -1, 0, 0]
+    tokens, parents = best_nodes(tree, 5)  # + 0.125 at depth 2, under node 2 (kept index 2)
+    assert parents.tolist() == [-1, -1, 0, 0, 2]
+
+
+def test_node_budget_takes_nodes_while_they_pay_for_their_verification() -> None:
+    from drafters.eagle_tree import node_budget
+
+    scores = torch.log(torch.tensor([0.9, 0.5, 0.05]))
+    assert node_budget(scores, [1.0, 1.0, 1.0, 1.0]) == 3  # free verification: every node
+    assert node_budget(scores, [1.0, 1.2, 1.4, 1.6]) == 2  # 1.9/1.2 > 1, 2.4/1.4 is best, 2.45/1.6 not
+    assert node_budget(scores, [1.0, 2.0, 3.0, 4.0]) == 0  # verification too dear: no draft
+
+
+def test_expansion_mask_sees_verified_pairs_ancestors_and_itself() -> None:
+    from drafters.eagle_tree import expansion_mask
+
+    mask = expansion_mask(past=2, cache_length=4, ancestor_slots=[[2], [3]], dtype=torch.float32)
+    allowed = (mask == 0).int().tolist()
+    assert allowed == [[1, 1, 1, 0, 1, 0], [1, 1, 0, 1, 0, 1]]
+
+
+def test_the_trees_best_path_is_the_greedy_chain() -> None:
+    """Siblings share the head's cache in one pass; the tree mask keeps them apart, so the path of
+    top-1 children is exactly what the chain drafter drafts greedily."""
+    target = four_layer_target(seed=4)
+    head = random_head(target, seed=2, aux_layers=LAYERS)
+    prompt = torch.tensor([[1, 5, 3, 7, 2, 9]])
+    with torch.inference_mode():
+        hs = target.model.model(input_ids=prompt, output_hidden_states=True).hidden_states
+    feats = torch.cat([hs[j] for j in LAYERS], dim=-1)[:, :-1]  # [1, 5, 3H]
+    ctx = DraftContext(prompt, None, SamplingConfig(), torch.Generator(), target_features=feats)
+    chain, tree = EagleDrafter(head), EagleDrafter(head, topk=3, tree_depth=4, tree_nodes=32)
+    chain.bind(target), tree.bind(target)
+    want = chain.propose(ctx, 4).token_ids[0].tolist()
+    draft = tree.propose(ctx, 20)
+    parents, tokens = draft.parents[0].tolist(), draft.token_ids[0].tolist()
+    assert len(tokens) == 3 + 3 * 3  # 3 roots, then the 3 best children at each further depth
+    assert len(tree.propose(ctx, 5).token_ids[0]) == 5  # never more nodes than the round's K
+    path, node = [], -1
+    for _ in range(4):  # follow the first child of every node: the most probable one
+        node = parents.index(node)
+        path.append(tokens[node])
+    assert path == want
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("nodes", ["auto", 5])
+def test_tree_greedy_equals_plain_greedy(seed: int, nodes: int | str) -> None:
+    target = four_layer_target(seed=seed + 3)
+    dec = SpeculativeDecoder(target, EagleDrafter(None, seed=seed, aux_layers=LAYERS, topk=2, tree_nodes=nodes,
+                                                  draft_ids=EVEN if seed == 1 else None), num_draft_tokens=6)
+    prompt = [1, 5, 3, 7][: 2 + seed]
+    out = dec.generate(prompt, max_new_tokens=40, stop_token_ids=[])
+    assert out.token_ids[0].tolist() == plain_greedy(target, prompt, 40)
+    if nodes == 5:
+        assert out.stats.rounds < 40  # some draft tokens were accepted
+
+
+def _tree_pvalue() -> float:
+    target = four_layer_target(seed=1)
+    sampling = SamplingConfig(temperature=1.0)
+    drafter_ = EagleDrafter(None, aux_layers=LAYERS, topk=2, tree_nodes=4)
+    dec = SpeculativeDecoder(target, drafter_, num_draft_tokens=4, sampling=sampling)
+    counts = sample_two_tokens(dec, [2, 9, 4], n=1200, vocab=target.vocab_size, new_tokens=5)  # a 4-node tree first
+    return pooled_chisquare(counts, exact_two_token_distribution(target, [2, 9, 4], sampling))
+
+
+def test_tree_is_lossless_at_temperature_one() -> None:
+    assert _tree_pvalue() > 1e-4
+
+
+def test_tree_lossless_test_catches_a_residual_that_keeps_rejected_siblings(monkeypatch) -> None:  # noqa: ANN001
+    import specdraft.tree
+
+    monkeypatch.setattr(specdraft.tree, "_without", lambda dist, token: dist)  # negative control
+    assert _tree_pvalue() < 1e-6
+
+
+def test_bad_tree_settings_are_clear_errors() -> None:
+    with pytest.raises(ValueError, match="topk must be an integer >= 1"):
+        EagleDrafter(None, topk=0)
+    with pytest.raises(ValueError, match=r"tree_nodes must be \"auto\" or an integer in \[1, 32\]"):
+        EagleDrafter(None, topk=2, tree_nodes=64)
+    with pytest.raises(ValueError, match="tree_depth must be an integer >= 1"):
+        EagleDrafter(None, topk=2, tree_depth=0)
