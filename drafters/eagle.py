@@ -15,9 +15,9 @@ shared loop (`specdraft.draft_loop.draft_autoregressively`), so q is the head's 
 over its draft vocabulary expanded to the target's ids, and verification is exact for greedy and
 sampled decoding alike.
 
-`topk` > 1 drafts an EAGLE-2 dynamic tree instead of a chain (`drafters.eagle_tree`): up to
-`tree_depth` tokens deep and at most the round's K nodes (one verify forward scores them), each
-depth expands the `topk` most probable paths (all of a depth in one head
+`tree` (not None) drafts an EAGLE-2 dynamic tree instead of a chain (`drafters.eagle_tree`): up
+to `tree_depth` tokens deep and at most the round's K nodes (one verify forward scores them), each
+depth expands the `tree_topk` most probable paths (all of a depth in one head
 pass, with a tree mask over the head's cache), and the best nodes are kept, as many as the target's
 measured verify-cost curve pays for. The candidates are deterministic, so the tree verifier
 (`specdraft.tree`) keeps the output exact at any temperature.
@@ -53,31 +53,31 @@ class EagleDrafter:
 
     head: a head directory, an in-memory `EagleHead`, or None for a random head (tests only:
         `seed`, `aux_layers` and `draft_ids` shape it).
-    topk: 1 = a chain (q-weighted verification); k > 1 = an EAGLE-2 dynamic tree, k paths wide
-        and the round's K deep.
-    tree_depth: for a tree, how many tokens deep it grows (the depth-1 expansions are head passes).
-    tree_nodes: for a tree, "auto" (as many nodes as the verify-cost curve pays for, given the
-        draft's path probabilities) or an int N (the N most probable nodes), at most MAX_TREE_NODES;
-        never more than the round's K (the decoder's cap on the tokens one verify forward scores).
+    tree: None = a chain (verified against the head's q); "auto" = an EAGLE-2 dynamic tree of as
+        many nodes as the target's verify-cost curve pays for, given the draft's path
+        probabilities; an int N = the N most probable nodes (at most MAX_TREE_NODES). Never more
+        nodes than the round's K (the decoder's cap on what one verify forward scores).
+    tree_topk: a tree's width: the paths expanded at every depth, and the children of each.
+    tree_depth: how many tokens deep a tree grows (depth - 1 head passes after the first).
     """
 
     needs_target_hidden: ClassVar[bool] = False
     hf_counterpart: ClassVar[str | None] = None
-    verify_curve_tokens: ClassVar[int] = MAX_TREE_NODES  # tree_nodes="auto" reads the curve this far
+    verify_curve_tokens: ClassVar[int] = MAX_TREE_NODES  # tree="auto" reads the curve this far
     sizes_own_drafts: ClassVar[bool] = False
     batched: ClassVar[bool] = False
 
-    def __init__(self, head: str | Path | EagleHead | None, seed: int = 0,
+    def __init__(self, head: str | Path | EagleHead | None = "smollm2-135m", seed: int = 0,
                  aux_layers: Sequence[int] | None = None, draft_ids: Sequence[int] | None = None,
-                 topk: int = 1, tree_depth: int = 5, tree_nodes: int | str = "auto") -> None:
-        if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
-            raise ValueError(f"topk must be an integer >= 1 (1 = a chain, k > 1 = a tree k paths wide), got {topk!r}.")
-        if tree_nodes != "auto" and (isinstance(tree_nodes, bool) or not isinstance(tree_nodes, int)
-                                     or not 1 <= tree_nodes <= MAX_TREE_NODES):
-            raise ValueError(f"tree_nodes must be \"auto\" or an integer in [1, {MAX_TREE_NODES}], got {tree_nodes!r}.")
-        if isinstance(tree_depth, bool) or not isinstance(tree_depth, int) or tree_depth < 1:
-            raise ValueError(f"tree_depth must be an integer >= 1, got {tree_depth!r}.")
-        self.topk, self.tree_depth, self.tree_nodes = topk, tree_depth, tree_nodes
+                 tree: int | str | None = "auto", tree_topk: int = 4, tree_depth: int = 5) -> None:
+        if tree is not None and tree != "auto" and (isinstance(tree, bool) or not isinstance(tree, int)
+                                                    or not 1 <= tree <= MAX_TREE_NODES):
+            raise ValueError(f"tree must be null (a chain), \"auto\" or a node count in [1, {MAX_TREE_NODES}], "
+                             f"got {tree!r}.")
+        for name, value in (("tree_topk", tree_topk), ("tree_depth", tree_depth)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+        self.tree, self.tree_topk, self.tree_depth = tree, tree_topk, tree_depth
         self.head_source = head
         self.seed, self.aux_layers, self.draft_ids = seed, aux_layers, draft_ids
         self.head: EagleHead | None = head if isinstance(head, EagleHead) else None
@@ -125,7 +125,7 @@ class EagleDrafter:
         if self._cache is not None:
             self._cache.crop(self._fed)  # last round's drafted entries go
         with torch.inference_mode():
-            if self.topk > 1:
+            if self.tree is not None:
                 return self._tree(ctx, min(num_tokens, self.tree_depth), num_tokens)
             return draft_autoregressively(self._step_fn(ctx), ctx.token_ids[:, -1:], num_tokens, ctx, self.vocab)
 
@@ -236,11 +236,11 @@ class EagleDrafter:
                 outputs[node], slot[node] = out[:, r], length + r
             return torch.log_softmax(logits[0].float(), dim=-1)  # [f, M]
 
-        tree = grow_tree(torch.log_softmax(root_logits[0], dim=-1), expand, self.topk, depth)
-        if self.tree_nodes == "auto":
+        tree = grow_tree(torch.log_softmax(root_logits[0], dim=-1), expand, self.tree_topk, depth)
+        if self.tree == "auto":
             n = node_budget(tree.scores, costs.verify_curve(target, MAX_TREE_NODES)[: max_nodes + 1])
         else:
-            n = min(int(self.tree_nodes), max_nodes)
+            n = min(int(self.tree), max_nodes)
         if n == 0:
             return Draft(token_ids=ctx.token_ids.new_zeros((1, 0)))
         tokens, parents = best_nodes(tree, n)  # [N] draft indices, [N]

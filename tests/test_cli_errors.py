@@ -45,7 +45,7 @@ CASES = {
     "specdraft-train-early-exit": (["out_dir={taken}"], "overwrite=true"),
     "specdraft-train-eagle": (["out_dir={taken}"], "overwrite=true"),
     "specdraft-selfgen": (["out_dir={taken}"], "overwrite=true"),
-    "specdraft-export-medusa": (["out_dir={taken}"], "overwrite=true"),
+    "specdraft-export": (["out_dir={taken}"], "overwrite=true"),
 }
 
 

@@ -29,7 +29,7 @@ def four_layer_target(seed: int = 3, fast: bool | str = "auto") -> TargetModel:
 
 
 def drafter(seed: int = 0, draft_ids: list[int] | None = None) -> EagleDrafter:
-    return EagleDrafter(None, seed=seed, aux_layers=LAYERS, draft_ids=draft_ids)
+    return EagleDrafter(None, seed=seed, aux_layers=LAYERS, draft_ids=draft_ids, tree=None)  # a chain
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["fast", "hf"])
@@ -76,10 +76,10 @@ def test_rounds_without_drafting_keep_the_features() -> None:
     target = four_layer_target()
     head = random_head(target, seed=5, aux_layers=LAYERS)
     prompt = [1, 5, 3, 7, 2]
-    dec = SpeculativeDecoder(target, EagleDrafter(head), num_draft_tokens=0)
+    dec = SpeculativeDecoder(target, EagleDrafter(head, tree=None), num_draft_tokens=0)
     plain = dec.generate(prompt, max_new_tokens=6, stop_token_ids=[]).token_ids[0].tolist()
     committed = torch.tensor([prompt + plain])  # [1, 11]
-    lazy, eager = EagleDrafter(head), EagleDrafter(head)
+    lazy, eager = EagleDrafter(head, tree=None), EagleDrafter(head, tree=None)
     lazy.bind(target), eager.bind(target)
     with torch.inference_mode():
         hs = target.model.model(input_ids=committed, output_hidden_states=True).hidden_states
@@ -207,7 +207,7 @@ def test_unrolled_training_steps_are_what_the_drafter_computes(tmp_path, monkeyp
     for j in (2, 7, 15):
         truth = seq.ids[j + 2 : j + 5].tolist()  # the drafts "drawn": the sequence's own tokens
         monkeypatch.setattr(specdraft.draft_loop, "draw", lambda q, s, g, it=iter(truth): torch.tensor([next(it)]))
-        d = EagleDrafter(head)
+        d = EagleDrafter(head, tree=None)
         d.bind(target)
         ctx = DraftContext(seq.ids[None, : j + 2], None, SamplingConfig(temperature=1.0), torch.Generator(),
                            target_features=seq.features[None, : j + 1].float())
@@ -298,7 +298,7 @@ def test_the_trees_best_path_is_the_greedy_chain() -> None:
         hs = target.model.model(input_ids=prompt, output_hidden_states=True).hidden_states
     feats = torch.cat([hs[j] for j in LAYERS], dim=-1)[:, :-1]  # [1, 5, 3H]
     ctx = DraftContext(prompt, None, SamplingConfig(), torch.Generator(), target_features=feats)
-    chain, tree = EagleDrafter(head), EagleDrafter(head, topk=3, tree_depth=4, tree_nodes=32)
+    chain, tree = EagleDrafter(head, tree=None), EagleDrafter(head, tree=32, tree_topk=3, tree_depth=4)
     chain.bind(target), tree.bind(target)
     want = chain.propose(ctx, 4).token_ids[0].tolist()
     draft = tree.propose(ctx, 20)
@@ -316,7 +316,7 @@ def test_the_trees_best_path_is_the_greedy_chain() -> None:
 @pytest.mark.parametrize("nodes", ["auto", 5])
 def test_tree_greedy_equals_plain_greedy(seed: int, nodes: int | str) -> None:
     target = four_layer_target(seed=seed + 3)
-    dec = SpeculativeDecoder(target, EagleDrafter(None, seed=seed, aux_layers=LAYERS, topk=2, tree_nodes=nodes,
+    dec = SpeculativeDecoder(target, EagleDrafter(None, seed=seed, aux_layers=LAYERS, tree=nodes, tree_topk=2,
                                                   draft_ids=EVEN if seed == 1 else None), num_draft_tokens=6)
     prompt = [1, 5, 3, 7][: 2 + seed]
     out = dec.generate(prompt, max_new_tokens=40, stop_token_ids=[])
@@ -328,7 +328,7 @@ def test_tree_greedy_equals_plain_greedy(seed: int, nodes: int | str) -> None:
 def _tree_pvalue() -> float:
     target = four_layer_target(seed=1)
     sampling = SamplingConfig(temperature=1.0)
-    drafter_ = EagleDrafter(None, aux_layers=LAYERS, topk=2, tree_nodes=4)
+    drafter_ = EagleDrafter(None, aux_layers=LAYERS, tree=4, tree_topk=2)
     dec = SpeculativeDecoder(target, drafter_, num_draft_tokens=4, sampling=sampling)
     counts = sample_two_tokens(dec, [2, 9, 4], n=1200, vocab=target.vocab_size, new_tokens=5)  # a 4-node tree first
     return pooled_chisquare(counts, exact_two_token_distribution(target, [2, 9, 4], sampling))
@@ -346,9 +346,45 @@ def test_tree_lossless_test_catches_a_residual_that_keeps_rejected_siblings(monk
 
 
 def test_bad_tree_settings_are_clear_errors() -> None:
-    with pytest.raises(ValueError, match="topk must be an integer >= 1"):
-        EagleDrafter(None, topk=0)
-    with pytest.raises(ValueError, match=r"tree_nodes must be \"auto\" or an integer in \[1, 32\]"):
-        EagleDrafter(None, topk=2, tree_nodes=64)
+    with pytest.raises(ValueError, match="tree_topk must be an integer >= 1"):
+        EagleDrafter(None, tree_topk=0)
+    with pytest.raises(ValueError, match=r"tree must be null \(a chain\), \"auto\" or a node count in \[1, 32\]"):
+        EagleDrafter(None, tree=64)
     with pytest.raises(ValueError, match="tree_depth must be an integer >= 1"):
-        EagleDrafter(None, topk=2, tree_depth=0)
+        EagleDrafter(None, tree_depth=0)
+
+
+@pytest.mark.usefixtures("hydra_conf")
+def test_export_for_vllm_round_trips_with_identical_drafts(tmp_path) -> None:  # noqa: ANN001
+    """specdraft-export kind=eagle: the speculators layout, the verifier named, the head's
+    record kept, and the export drafts exactly what the trained head drafts."""
+    from hydra import compose
+    from omegaconf import OmegaConf
+    from safetensors.torch import load_file
+
+    from specdraft.export import export_from_config
+
+    target = four_layer_target()
+    head = random_head(target, seed=2, draft_ids=EVEN, aux_layers=LAYERS)
+    save_head(head, tmp_path / "trained", target, verifier="tiny", speculative_tokens=4,
+              provenance={"command": "specdraft-train-eagle x=1"}, dtype=torch.float32)
+    cfg = compose("export", overrides=[f"source={tmp_path / 'trained'}", f"out_dir={tmp_path / 'vllm'}", "dtype=float32"])
+    OmegaConf.set_struct(cfg, False)
+    cfg.target = {"_target_": "specdraft.models.tiny_random_target", "vocab_size": 16, "seed": 3, "num_layers": 4}
+    out = export_from_config(cfg)
+    tensors = load_file(str(out / "model.safetensors"))
+    assert {k: tuple(v.shape) for k, v in tensors.items()} == VLLM_WEIGHTS
+    assert all(v.dtype == torch.float32 for k, v in tensors.items() if k not in ("d2t", "t2d"))
+    config = json.loads((out / "config.json").read_text())
+    assert config["speculators_config"]["verifier"]["name_or_path"] == "specdraft.models.tiny_random_target"
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 4
+    assert config["specdraft"]["command"] == "specdraft-train-eagle x=1"
+    drafts = [SpeculativeDecoder(target, EagleDrafter(src, tree=None), num_draft_tokens=3)
+              .generate([1, 5, 3, 7], max_new_tokens=20, stop_token_ids=[]) for src in (head, out)]
+    assert drafts[0].token_ids.tolist() == drafts[1].token_ids.tolist()
+    assert drafts[0].stats.rounds == drafts[1].stats.rounds
+    with pytest.raises(FileExistsError, match="overwrite=true"):
+        export_from_config(cfg)  # the folder is full now
+    cfg.format, cfg.overwrite = "medusa", True
+    with pytest.raises(ValueError, match="format=medusa is not a layout for kind=eagle"):
+        export_from_config(cfg)

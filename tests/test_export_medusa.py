@@ -1,4 +1,4 @@
-"""specdraft-export-medusa: names, shapes and dtypes of vLLM's Medusa layout
+"""specdraft-export kind=medusa: names, shapes and dtypes of vLLM's Medusa layout
 (vllm/model_executor/models/medusa.py, vllm/transformers_utils/configs/medusa.py) and of
 FasterDecoding's medusa_lm_head (medusa/model/medusa_model.py), checked by loading the exported
 tensors strictly into modules with those engines' module structure, and the merged weights
@@ -16,7 +16,7 @@ from torch import nn
 from safetensors.torch import load_file
 
 from specdraft.models import tiny_random_target
-from specdraft.train.export_medusa import export
+from specdraft.export_medusa import export
 from tests.test_medusa import random_heads
 
 VLLM_CONFIG_FIELDS = {"hidden_size", "vocab_size", "num_heads", "num_hidden_layers", "max_paths",

@@ -18,7 +18,8 @@ from specdraft.formats.target_info import RECORD_KEY
 from specdraft.models import tiny_random_target
 from specdraft.shipped import ARTIFACTS_DIR
 from specdraft.train import distill, early_exit, medusa
-from specdraft.train.export_medusa import export, export_from_config
+from specdraft.export import export_from_config
+from specdraft.export_medusa import export
 from specdraft.train.outputs import prepare_output_dir
 from specdraft.train.selfgen import run_selfgen
 
@@ -65,7 +66,7 @@ def test_export_refuses_a_non_empty_folder_unless_overwrite(tmp_path: Path) -> N
 
 @pytest.mark.usefixtures("hydra_conf")
 def test_export_cli_config_checks_the_folder_before_loading_the_target(tmp_path: Path) -> None:
-    cfg = composed("export_medusa", f"out_dir={non_empty(tmp_path / 'out')}")
+    cfg = composed("export", "kind=medusa", f"out_dir={non_empty(tmp_path / 'out')}")
     cfg.target = UNLOADABLE
     with pytest.raises(FileExistsError, match="overwrite=true"):
         export_from_config(cfg)
@@ -96,7 +97,7 @@ def test_recipes_write_under_the_run_directory_by_default() -> None:
         raw = OmegaConf.to_container(compose(name))
         assert raw["out_dir"].startswith("${hydra:runtime.output_dir}/"), name
         assert raw["overwrite"] is False, name
-    assert OmegaConf.to_container(compose("export_medusa"))["overwrite"] is False
+    assert OmegaConf.to_container(compose("export"))["overwrite"] is False
 
 
 @pytest.mark.usefixtures("hydra_conf")
@@ -133,7 +134,7 @@ def test_medusa_cli_trains_into_the_run_directory_not_the_package(tmp_path: Path
 
 def test_export_cli_into_a_non_empty_folder_is_one_error_line(tmp_path: Path) -> None:
     out = non_empty(tmp_path / "out")
-    cli = Path(sys.executable).with_name("specdraft-export-medusa")
+    cli = Path(sys.executable).with_name("specdraft-export")
     run = subprocess.run([str(cli), f"out_dir={out}"], check=False, capture_output=True, text=True, timeout=300)
     assert run.returncode == 2
     assert run.stderr.strip().count("\n") == 0 and run.stderr.startswith("error: out_dir=")

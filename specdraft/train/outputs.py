@@ -1,7 +1,7 @@
 """Output folders of the recipes and exports: checked before any work, never overwritten silently.
 
-Every recipe (`specdraft-train-draft`, `-train-medusa`, `-train-early-exit`, `specdraft-selfgen`)
-and `specdraft-export-medusa` calls `prepare_output_dir` on each folder it will write, before it
+Every recipe (`specdraft-train-draft`, `-train-medusa`, `-train-early-exit`, `-train-eagle`, `specdraft-selfgen`)
+and `specdraft-export` call `prepare_output_dir` on each folder it will write, before it
 loads a model: the folder is created, a non-empty one is refused unless the config says
 `overwrite=true`, and a probe file is written (and removed) so that a read-only folder is one clear
 error now rather than a traceback after the work. By default the recipes write under Hydra's run

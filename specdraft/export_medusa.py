@@ -1,4 +1,4 @@
-"""specdraft-export-medusa: write trained Medusa heads in the layouts other engines load.
+"""Medusa heads in the layouts other engines load (`specdraft-export kind=medusa`).
 
 The LoRA deltas are merged into full per-head projections (W + (alpha/r) B A), because neither
 engine knows about a shared lm_head plus low-rank deltas.
@@ -24,7 +24,7 @@ A non-empty `out_dir` is refused unless `overwrite=true`, and the folder is chec
 the target loads (`specdraft.train.outputs`); heads trained for another target are a clear error
 (`specdraft.formats.medusa_heads.check_heads_target`).
 
-    specdraft-export-medusa format=vllm heads=smollm2-135m out_dir=outputs/medusa_vllm   (conf/export_medusa.yaml)
+    specdraft-export kind=medusa format=vllm source=smollm2-135m out_dir=outputs/medusa_vllm   (conf/export.yaml)
 """
 
 from __future__ import annotations
@@ -39,8 +39,6 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from drafters.medusa_forms import CompiledHeads
-from specdraft.build import target_label
-from specdraft.console import hydra_cli
 from specdraft.formats.medusa_heads import (
     check_heads_target,
     load_heads,
@@ -49,7 +47,6 @@ from specdraft.formats.medusa_heads import (
 from specdraft.train.outputs import prepare_output_dir
 
 FORMATS = ("vllm", "medusa")
-HUB_IDS = {"smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct"}  # aliases -> the base model's hub id
 
 
 @torch.no_grad()
@@ -129,35 +126,14 @@ def export(model: nn.Module, out_dir: str | Path, fmt: str = "vllm",
     return out
 
 
-DTYPES = ("float32", "float16", "bfloat16")
-
-
-def export_from_config(cfg: DictConfig) -> Path:
-    """Load the heads named by cfg onto cfg.target's embeddings and export them (conf/export_medusa.yaml)."""
-    if cfg.dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES}, got {cfg.dtype!r}.")
-    if cfg.format not in FORMATS:  # before loading the target
-        raise ValueError(f"format must be one of {FORMATS}, got {cfg.format!r}.")
-    heads = resolve_heads_dir(cfg.heads)  # before loading the target
-    overwrite = bool(cfg.get("overwrite", False))
-    prepare_output_dir(cfg.out_dir, overwrite)  # before loading the target (export checks again)
+def export_from_config(cfg: DictConfig, base_model: str) -> Path:
+    """Load the heads named by cfg.source onto cfg.target's embeddings and export them
+    (`specdraft-export kind=medusa`, which has checked the request). base_model: the target's
+    hub id or path, recorded for FasterDecoding's loader."""
+    heads = resolve_heads_dir(cfg.source)  # before loading the target
     target = instantiate(cfg.target)
     check_heads_target(heads, target)
     source = target.model
     model = load_heads(heads, source.get_output_embeddings().weight, source.get_input_embeddings().weight)
-    name = target_label(cfg.target)
-    base = HUB_IDS.get(name, name)
-    return export(model, cfg.out_dir, cfg.format, getattr(torch, cfg.dtype), topk=cfg.topk,
-                  max_paths=cfg.max_paths, base_model=base, overwrite=overwrite)
-
-
-@hydra_cli("export_medusa")
-def main(cfg: DictConfig) -> None:
-    """`specdraft-export-medusa format=vllm heads=DIR|ALIAS out_dir=DIR` (a user error: one
-    `error:` line, exit 2, from `specdraft.console.hydra_cli`)."""
-    path = export_from_config(cfg)
-    print(f"wrote {cfg.format} Medusa heads to {path}")
-
-
-if __name__ == "__main__":
-    main()
+    return export(model, cfg.out_dir, cfg.format, getattr(torch, cfg.dtype), topk=cfg.medusa.topk,
+                  max_paths=cfg.medusa.max_paths, base_model=base_model, overwrite=bool(cfg.overwrite))
