@@ -7,7 +7,7 @@ kind=eagle format=vllm: the speculators EAGLE-3 directory vLLM's `llama_eagle3.p
     weights to `dtype`, names the verifier by its hub id (what vLLM's `--model` serves) and keeps
     how the head was made.
 kind=medusa format=vllm | medusa: Medusa heads with their LoRA deltas merged, in vLLM's or
-    FasterDecoding/Medusa's layout (`specdraft.export_medusa`).
+    FasterDecoding/Medusa's layout (`drafters.medusa_export`).
 
 Everything that can be checked without the target (format, dtype, the source, the output folder)
 is checked before it loads; a non-empty out_dir is refused unless overwrite=true.
@@ -22,17 +22,18 @@ import json
 from pathlib import Path
 
 import torch
-from hydra.utils import instantiate
+from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig
 
 from specdraft.build import target_label
 from specdraft.console import hydra_cli
 from specdraft.formats.eagle_head import CONFIG_FILE, DEFAULT_ARTIFACT, load_head, save_head
 from specdraft.shipped import require_artifact
-from specdraft.train.outputs import prepare_output_dir
+from specdraft.outputs import prepare_output_dir
 
 FORMATS = {"eagle": ("vllm",), "medusa": ("vllm", "medusa")}  # drafter -> the layouts it exports to
 DTYPES = ("float32", "float16", "bfloat16")
+MEDUSA_EXPORT = "drafters.medusa_export.export_from_config"
 HUB_IDS = {"smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct"}  # target aliases -> the model's hub id
 
 
@@ -72,8 +73,7 @@ def export_from_config(cfg: DictConfig) -> Path:
     check_request(cfg)
     if cfg.kind == "eagle":
         return export_eagle(cfg)
-    from specdraft.export_medusa import export_from_config as export_medusa
-
+    export_medusa = get_method(MEDUSA_EXPORT)  # by name: the core never imports drafters
     return export_medusa(cfg, verifier_name(cfg.target))
 
 

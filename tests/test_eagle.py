@@ -388,3 +388,4 @@ def test_export_for_vllm_round_trips_with_identical_drafts(tmp_path) -> None:  #
     cfg.format, cfg.overwrite = "medusa", True
     with pytest.raises(ValueError, match="format=medusa is not a layout for kind=eagle"):
         export_from_config(cfg)
+

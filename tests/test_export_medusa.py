@@ -16,7 +16,7 @@ from torch import nn
 from safetensors.torch import load_file
 
 from specdraft.models import tiny_random_target
-from specdraft.export_medusa import export
+from drafters.medusa_export import export
 from tests.test_medusa import random_heads
 
 VLLM_CONFIG_FIELDS = {"hidden_size", "vocab_size", "num_heads", "num_hidden_layers", "max_paths",

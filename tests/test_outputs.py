@@ -19,8 +19,8 @@ from specdraft.models import tiny_random_target
 from specdraft.shipped import ARTIFACTS_DIR
 from specdraft.train import distill, early_exit, medusa
 from specdraft.export import export_from_config
-from specdraft.export_medusa import export
-from specdraft.train.outputs import prepare_output_dir
+from drafters.medusa_export import export
+from specdraft.outputs import prepare_output_dir
 from specdraft.train.selfgen import run_selfgen
 
 RECIPES = ("train_distill", "train_medusa", "train_early_exit", "selfgen")

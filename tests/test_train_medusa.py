@@ -167,7 +167,7 @@ def test_recurrent_heads_train_save_in_float16_and_draft(tmp_path: Path) -> None
     """recurrent=true: every head's loss goes down with teacher-forced path tokens, the adapter is
     stored in float16 (half the bytes) and reloads to the same logits up to that rounding, and the
     drafter proposes from it; export refuses it (no engine has this architecture)."""
-    from specdraft.export_medusa import export
+    from drafters.medusa_export import export
 
     torch.set_num_threads(1)
     target = tiny_random_target(vocab_size=16, seed=1, hidden_size=32)

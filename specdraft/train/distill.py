@@ -25,7 +25,7 @@ summary, with the target's record), and, with `export_dir`, the shipped artifact
 (`specdraft.formats.draft`: only the NEW weights, float16, + `pruned_vocab.json` + `draft.json`),
 which the drafter rebuilds from the target. `out_dir` is by default a folder under Hydra's run
 directory; a non-empty `out_dir` / `export_dir` is written only with `overwrite=true` (which also
-resumes a ckpt.pt there), checked before the target loads (`specdraft.train.outputs`).
+resumes a ckpt.pt there), checked before the target loads (`specdraft.outputs`).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ from specdraft.target import TargetModel
 from specdraft.train.early_exit import cached_top_k, load_blocks
 from specdraft.train.loop import TrainLog, TrainSettings, train
 from specdraft.train.losses import distill_loss
-from specdraft.train.outputs import prepare_output_dir
+from specdraft.outputs import prepare_output_dir
 from specdraft.train.selfgen import load_selfgen_records, load_selfgen_sequences
 from specdraft.vocab import VOCAB_FILE, PrunedVocab, build_pruned_vocab
 

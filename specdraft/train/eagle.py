@@ -45,7 +45,7 @@ from specdraft.formats.target_info import guard_cache
 from specdraft.target import TargetModel
 from specdraft.train.loop import TrainSettings
 from specdraft.train.loop import train as train_loop
-from specdraft.train.outputs import prepare_output_dir
+from specdraft.outputs import prepare_output_dir
 from specdraft.train.shard_cache import Sequences, cached_shards
 from specdraft.vocab import PrunedVocab, build_pruned_vocab
 

@@ -17,7 +17,7 @@ target's final-layer hidden state of the position before, cached with the rest.
 
 The adapter goes to `out_dir`: by default a folder under Hydra's run directory; a non-empty one (as
 the shipped adapter's folder below) only with `overwrite=true`, checked before the target loads
-(`specdraft.train.outputs`). It records its target (`specdraft.formats.target_info`); so does the
+(`specdraft.outputs`). It records its target (`specdraft.formats.target_info`); so does the
 teacher cache, named after the target unless `cache_name` is set.
 
     specdraft-train-early-exit exit_layer=6 adapter.context=true "sources=[selfgen,stdlib,pydoc]" \
@@ -55,7 +55,7 @@ from specdraft.formats.target_info import RECORD_KEY, guard_cache, target_info
 from specdraft.target import TargetModel
 from specdraft.train.loop import Evaluate, TrainLog, TrainSettings, train
 from specdraft.train.losses import distill_loss
-from specdraft.train.outputs import prepare_output_dir
+from specdraft.outputs import prepare_output_dir
 from specdraft.vocab import VOCAB_FILE, PrunedVocab, resolve_pruned_vocab
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ batches an uninterrupted one would. Output (`specdraft.formats.medusa_heads`): a
 directory + medusa_config.json (with the target's record) + provenance.json (how it was made) +
 accuracy.json (per-head top-k accuracies, which choose the candidate tree) + pruned_vocab.json, in
 `out_dir`: by default a folder under Hydra's run directory; a non-empty one (e.g. the shipped heads'
-folder) only with `overwrite=true`, checked before the target loads (`specdraft.train.outputs`). The
+folder) only with `overwrite=true`, checked before the target loads (`specdraft.outputs`). The
 hidden-state cache records its target too (`specdraft.formats.target_info.guard_cache`).
 
     specdraft-train-medusa                      # the shipped heads' recipe (see conf/train_medusa.yaml)
@@ -52,7 +52,7 @@ from specdraft.formats.target_info import guard_cache, target_info
 from specdraft.target import TargetModel
 from specdraft.train.loop import TrainLog, TrainSettings
 from specdraft.train.loop import train as train_loop
-from specdraft.train.outputs import prepare_output_dir
+from specdraft.outputs import prepare_output_dir
 from specdraft.train.shard_cache import cached_shards
 from specdraft.vocab import VOCAB_FILE, PrunedVocab, build_pruned_vocab
 

@@ -67,7 +67,7 @@ from specdraft.train.data_quality import (
 )
 from specdraft.train.dedup import DuplicateIndex
 from specdraft.train.magpie import SYSTEM_PROMPTS, system_messages, user_turn_prefix
-from specdraft.train.outputs import prepare_output_dir
+from specdraft.outputs import prepare_output_dir
 from specdraft.train.selfgen_prompts import KINDS, build_prompts, extra_prompts_for, split_of
 
 SELFGEN_DIR = ARTIFACTS_DIR / "smollm2-135m" / "selfgen"  # the shipped answers of smollm2-135m

@@ -21,7 +21,7 @@ format=medusa: the FasterDecoding/Medusa head file medusa_lm_head.safetensors wi
     MedusaConfig; from_pretrained loads the base model from that name).
 
 A non-empty `out_dir` is refused unless `overwrite=true`, and the folder is checked writable before
-the target loads (`specdraft.train.outputs`); heads trained for another target are a clear error
+the target loads (`specdraft.outputs`); heads trained for another target are a clear error
 (`specdraft.formats.medusa_heads.check_heads_target`).
 
     specdraft-export kind=medusa format=vllm source=smollm2-135m out_dir=outputs/medusa_vllm   (conf/export.yaml)
@@ -44,7 +44,7 @@ from specdraft.formats.medusa_heads import (
     load_heads,
     resolve_heads_dir,
 )
-from specdraft.train.outputs import prepare_output_dir
+from specdraft.outputs import prepare_output_dir
 
 FORMATS = ("vllm", "medusa")
 
