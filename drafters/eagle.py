@@ -51,8 +51,9 @@ class EagleDrafter:
     """EAGLE-3 drafter: `drafter=eagle drafter.head=<directory written by specdraft-train-eagle or
     any speculators EAGLE-3 head for the target>`.
 
-    head: a head directory, an in-memory `EagleHead`, or None for a random head (tests only:
-        `seed`, `aux_layers` and `draft_ids` shape it).
+    head: a shipped head (a target alias: "smollm2-135m" is `smollm2-135m/eagle`), a head
+        directory, an in-memory `EagleHead`, or None for a random head (tests only: `seed`,
+        `aux_layers` and `draft_ids` shape it).
     tree: None = a chain (verified against the head's q); "auto" = an EAGLE-2 dynamic tree of as
         many nodes as the target's verify-cost curve pays for, given the draft's path
         probabilities; an int N = the N most probable nodes (at most MAX_TREE_NODES). Never more

@@ -238,6 +238,7 @@ def test_training_raises_held_out_acceptance(tmp_path) -> None:  # noqa: ANN001
     # a random tiny target's text is hard to predict: far from perfect, but far above the fresh head
     assert after["expected_accepted_length"] > before["expected_accepted_length"] + 0.4
     assert after["acceptance_per_position"][0] > 3 * before["acceptance_per_position"][0]
+    assert all(a > b for a, b in zip(after["acceptance_per_position"], before["acceptance_per_position"]))  # every position
     # the trained head drafts for the decoder: greedy output unchanged, fewer rounds than plain decoding
     prompt = greedy_sequences(target, 1, seed=9)[0][0][:6].tolist()
     rounds = []
