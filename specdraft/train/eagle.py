@@ -43,7 +43,7 @@ from specdraft.console import hydra_cli
 from specdraft.formats.eagle_head import EagleConfig, EagleHead, save_head
 from specdraft.formats.target_info import guard_cache
 from specdraft.target import TargetModel
-from specdraft.train.loop import TrainSettings
+from specdraft.train.loop import TrainSettings, recipe_settings
 from specdraft.train.loop import train as train_loop
 from specdraft.outputs import prepare_output_dir
 from specdraft.train.shard_cache import Sequences, cached_shards
@@ -285,12 +285,7 @@ def run(cfg: DictConfig, target: TargetModel | None = None) -> dict[str, Any]:
 @hydra_cli("train_eagle")
 def main(cfg: DictConfig) -> None:
     """Hydra entry point: check the output folder, load the target, then precompute / train / save."""
-    from hydra.core.hydra_config import HydraConfig
-
-    torch.set_num_threads(cfg.threads)
-    OmegaConf.set_struct(cfg, False)
-    cfg.overrides = list(HydraConfig.get().overrides.task)
-    run(cfg)
+    run(recipe_settings(cfg))
 
 
 if __name__ == "__main__":

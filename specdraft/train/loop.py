@@ -189,3 +189,15 @@ def train(
     save()
     module.eval()
     return run
+
+
+def recipe_settings(cfg: Any) -> Any:
+    """A Hydra recipe's config made ready to run: torch threads set, the struct flag off (the
+    recipe adds keys) and the command-line overrides recorded in `cfg.overrides` (its provenance)."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    torch.set_num_threads(int(cfg.threads))
+    OmegaConf.set_struct(cfg, False)
+    cfg.overrides = list(HydraConfig.get().overrides.task)
+    return cfg

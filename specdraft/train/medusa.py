@@ -50,7 +50,7 @@ from specdraft.console import hydra_cli
 from specdraft.formats.medusa_heads import MedusaHeads, save_accuracy, save_heads
 from specdraft.formats.target_info import guard_cache, target_info
 from specdraft.target import TargetModel
-from specdraft.train.loop import TrainLog, TrainSettings
+from specdraft.train.loop import TrainLog, TrainSettings, recipe_settings
 from specdraft.train.loop import train as train_loop
 from specdraft.outputs import prepare_output_dir
 from specdraft.train.shard_cache import cached_shards
@@ -432,12 +432,7 @@ def run(cfg: DictConfig, target: TargetModel | None = None) -> dict:
 @hydra_cli("train_medusa")
 def main(cfg: DictConfig) -> None:
     """Hydra entry point: check the output folder, load the target, then precompute / train / save."""
-    from hydra.core.hydra_config import HydraConfig
-
-    torch.set_num_threads(cfg.threads)
-    OmegaConf.set_struct(cfg, False)
-    cfg.overrides = list(HydraConfig.get().overrides.task)
-    run(cfg)
+    run(recipe_settings(cfg))
 
 
 if __name__ == "__main__":
