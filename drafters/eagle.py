@@ -15,8 +15,8 @@ shared loop (`specdraft.draft_loop.draft_autoregressively`), so q is the head's 
 over its draft vocabulary expanded to the target's ids, and verification is exact for greedy and
 sampled decoding alike.
 
-`tree` (not None) drafts an EAGLE-2 dynamic tree instead of a chain (`drafters.eagle_tree`): up
-to `tree_depth` tokens deep and at most the round's K nodes (one verify forward scores them), each
+`tree` ("auto" or N; the default None is a chain: chain vs tree on CPU is in benchmarks/RESULTS.md)
+drafts an EAGLE-2 dynamic tree (`drafters.eagle_tree`): up to `tree_depth` tokens deep and at most the round's K nodes (one verify forward scores them), each
 depth expands the `tree_topk` most probable paths (all of a depth in one head
 pass, with a tree mask over the head's cache), and the best nodes are kept, as many as the target's
 measured verify-cost curve pays for. The candidates are deterministic, so the tree verifier
@@ -70,7 +70,7 @@ class EagleDrafter:
 
     def __init__(self, head: str | Path | EagleHead | None = "smollm2-135m", seed: int = 0,
                  aux_layers: Sequence[int] | None = None, draft_ids: Sequence[int] | None = None,
-                 tree: int | str | None = "auto", tree_topk: int = 4, tree_depth: int = 5) -> None:
+                 tree: int | str | None = None, tree_topk: int = 4, tree_depth: int = 5) -> None:
         if tree is not None and tree != "auto" and (isinstance(tree, bool) or not isinstance(tree, int)
                                                     or not 1 <= tree <= MAX_TREE_NODES):
             raise ValueError(f"tree must be null (a chain), \"auto\" or a node count in [1, {MAX_TREE_NODES}], "

@@ -390,3 +390,38 @@ def test_export_for_vllm_round_trips_with_identical_drafts(tmp_path) -> None:  #
     with pytest.raises(ValueError, match="format=medusa is not a layout for kind=eagle"):
         export_from_config(cfg)
 
+
+
+def test_shipped_head_is_the_default_and_only_new_weights() -> None:
+    """`EagleDrafter()` names the head shipped for the default target: the speculators files, <= 15 MB,
+    vLLM's default feature layers for a 30-layer target, no embedding, and how it was made."""
+    from safetensors import safe_open
+
+    from specdraft.shipped import require_artifact
+
+    assert EagleDrafter().head_source == "smollm2-135m"
+    shipped = require_artifact("smollm2-135m", "EAGLE-3 head", default="eagle")
+    assert shipped == require_artifact("smollm2-135m/eagle", "EAGLE-3 head")
+    assert sum(f.stat().st_size for f in shipped.iterdir()) <= 15 * 10**6
+    config = json.loads((shipped / "config.json").read_text())
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27] and config["draft_vocab_size"] == 4096
+    assert "specdraft-train-eagle" in config["specdraft"]["command"]
+    assert len(config["specdraft"]["eval"]["acceptance_per_position"]) == 3  # held-out, per draft position
+    with safe_open(str(shipped / "model.safetensors"), "pt") as f:
+        assert not any("embed" in k for k in f.keys())
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tree", [None, "auto"])
+def test_shipped_head_greedy_exact_on_default_target(default_target: TargetModel, tree) -> None:  # noqa: ANN001
+    """`drafter=eagle` loads the shipped head with no extra step; chain and tree are greedy-exact."""
+    from specdraft.build import make_drafter
+
+    drafter_ = make_drafter({"_target_": "drafters.eagle.EagleDrafter", "head": "smollm2-135m", "tree": tree})
+    dec = SpeculativeDecoder(default_target, drafter_, num_draft_tokens=8 if tree else 3)
+    prompt = default_target.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Write a short note to a neighbour about a lost cat."}],
+        add_generation_prompt=True, tokenize=True)
+    prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+    out = dec.generate(prompt, max_new_tokens=32, stop_token_ids=[])
+    assert out.token_ids[0].tolist() == plain_greedy(default_target, prompt, 32)
+    assert out.stats.rounds < 32  # the trained head's drafts are accepted
