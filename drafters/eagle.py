@@ -16,10 +16,10 @@ over its draft vocabulary expanded to the target's ids, and verification is exac
 sampled decoding alike.
 
 `tree` ("auto" or N; the default None is a chain: chain vs tree on CPU is in benchmarks/RESULTS.md)
-drafts an EAGLE-2 dynamic tree (`drafters.eagle_tree`): up to `tree_depth` tokens deep and at most the round's K nodes (one verify forward scores them), each
-depth expands the `tree_topk` most probable paths (all of a depth in one head
-pass, with a tree mask over the head's cache), and the best nodes are kept, as many as the target's
-measured verify-cost curve pays for. The candidates are deterministic, so the tree verifier
+drafts an EAGLE-2 dynamic tree (`drafters.eagle_tree`): up to `tree_depth` tokens deep and at most
+the round's K nodes (one verify forward scores them), each depth expands the `tree_topk` most
+probable paths (all of a depth in one head pass, with a tree mask over the head's cache), and the
+best nodes are kept, as many as the target's measured verify-cost curve pays for. The candidates are deterministic, so the tree verifier
 (`specdraft.tree`) keeps the output exact at any temperature.
 
 Batch size 1 (`batched = False`: per-row feature streams are not built yet).

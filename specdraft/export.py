@@ -28,10 +28,10 @@ from omegaconf import DictConfig
 from specdraft.build import target_label
 from specdraft.console import hydra_cli
 from specdraft.formats.eagle_head import CONFIG_FILE, DEFAULT_ARTIFACT, load_head, save_head
-from specdraft.shipped import require_artifact
 from specdraft.outputs import prepare_output_dir
+from specdraft.shipped import require_artifact
 
-FORMATS = {"eagle": ("vllm",), "medusa": ("vllm", "medusa")}  # drafter -> the layouts it exports to
+FORMATS = {"eagle": ("vllm",), "medusa": ("vllm", "medusa")}  # kind (drafter) -> the layouts it exports to
 DTYPES = ("float32", "float16", "bfloat16")
 MEDUSA_EXPORT = "drafters.medusa_export.export_from_config"
 HUB_IDS = {"smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct"}  # target aliases -> the model's hub id
@@ -44,7 +44,7 @@ def verifier_name(target_cfg: DictConfig | dict) -> str:
 
 
 def check_request(cfg: DictConfig) -> None:
-    """The settings that need no model: drafter, format, dtype and the output folder."""
+    """The settings that need no model: kind, format, dtype and the output folder."""
     if cfg.kind not in FORMATS:
         raise ValueError(f"kind must be one of {sorted(FORMATS)} (the exportable drafters), got {cfg.kind!r}.")
     if cfg.format not in FORMATS[cfg.kind]:
