@@ -378,6 +378,7 @@ def test_export_for_vllm_round_trips_with_identical_drafts(tmp_path) -> None:  #
     assert all(v.dtype == torch.float32 for k, v in tensors.items() if k not in ("d2t", "t2d"))
     config = json.loads((out / "config.json").read_text())
     assert config["speculators_config"]["verifier"]["name_or_path"] == "specdraft.models.tiny_random_target"
+    assert config["speculators_config"]["verifier"]["architectures"] == ["LlamaForCausalLM"]
     assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 4
     assert config["specdraft"]["command"] == "specdraft-train-eagle x=1"
     drafts = [SpeculativeDecoder(target, EagleDrafter(src, tree=None), num_draft_tokens=3)

@@ -210,6 +210,13 @@ _LAYER_NAMES = {  # our parameter -> the speculators / vLLM weight name
 }
 
 
+def verifier_architectures(target: TargetModel) -> list[str]:
+    """The target's Hugging Face architecture names as its config records them; a model built from
+    a .gguf file has none recorded, so its model class names it (what `save_pretrained` writes)."""
+    recorded = getattr(target.config, "architectures", None)
+    return list(recorded) if recorded else [type(target.model).__name__]
+
+
 def speculators_config(head: EagleHead, target: TargetModel, verifier: str, speculative_tokens: int,
                        provenance: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """config.json of the speculators EAGLE-3 format (module docstring)."""
@@ -234,7 +241,7 @@ def speculators_config(head: EagleHead, target: TargetModel, verifier: str, spec
         "speculators_config": {
             "algorithm": "eagle3", "default_proposal_method": "greedy",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": int(speculative_tokens)}],
-            "verifier": {"name_or_path": verifier, "architectures": list(getattr(tc, "architectures", None) or [])},
+            "verifier": {"name_or_path": verifier, "architectures": verifier_architectures(target)},
         },
         RECORD_KEY: target_info(target),
         "specdraft": {"eagle_config": {**asdict(c), "aux_layers": list(c.aux_layers)}, **(provenance or {})},
