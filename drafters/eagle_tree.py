@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from specdraft.costs import nodes_worth_verifying
+
 
 @dataclass(frozen=True)
 class GrownTree:
@@ -75,16 +77,10 @@ def best_nodes(tree: GrownTree, n: int) -> tuple[Tensor, Tensor]:
 
 
 def node_budget(scores: Tensor, curve: Sequence[float]) -> int:
-    """N in [0, len(curve) - 1] maximising (1 + sum of the N best path probabilities) / curve[N]
-    (module docstring). scores: cumulative log probabilities of the candidates."""
-    probs = scores.exp().sort(descending=True).values.tolist()
-    best_n, best = 0, 1.0 / curve[0]
-    gain = 1.0
-    for n in range(1, min(len(probs), len(curve) - 1) + 1):
-        gain += probs[n - 1]
-        if gain / curve[n] > best:
-            best_n, best = n, gain / curve[n]
-    return best_n
+    """N maximising (1 + sum of the N best path probabilities) / curve[N] (module docstring):
+    `specdraft.costs.nodes_worth_verifying` on the candidates' probabilities, best first.
+    scores: cumulative log probabilities of the candidates."""
+    return nodes_worth_verifying(scores.exp().sort(descending=True).values.tolist(), curve)
 
 
 def expansion_mask(past: int, cache_length: int, ancestor_slots: Sequence[Sequence[int]], dtype: torch.dtype) -> Tensor:

@@ -53,18 +53,6 @@ def expected_tokens(nodes: Sequence[Candidate]) -> float:
     return 1.0 + sum(n.prob for n in nodes)
 
 
-def nodes_worth_verifying(nodes: Sequence[Candidate], curve: Sequence[float]) -> int:
-    """How many of the best-first `nodes` maximise expected tokens per verify time, with
-    curve[n] = T_v(n) / T_v(0) (0 = a plain target step is better than any guess)."""
-    best_n, best_rate, gain = 0, 1.0 / curve[0], 1.0
-    for n in range(1, min(len(nodes), len(curve) - 1) + 1):
-        gain += nodes[n - 1].prob
-        rate = gain / max(curve[n], curve[0])
-        if rate > best_rate:
-            best_n, best_rate = n, rate
-    return best_n
-
-
 class SuffixDrafter:
     """Suffix-decoding drafter. `specdraft-generate drafter=suffix` (module docstring).
 
@@ -159,7 +147,7 @@ class SuffixDrafter:
         curve = self._verify_curve()
         if len(self.locals) == 1:
             nodes = self.speculate(self.locals[0].sequences[0], min(num_tokens, MAX_NODES))
-            nodes = nodes[: nodes_worth_verifying(nodes, curve)]
+            nodes = nodes[: costs.nodes_worth_verifying([n.prob for n in nodes], curve)]
             ids = torch.tensor([[n.token for n in nodes]], dtype=torch.long, device=device).reshape(1, len(nodes))  # [1, N]
             if not self.tree:
                 return Draft(token_ids=ids)
@@ -168,7 +156,7 @@ class SuffixDrafter:
         chains = []  # a chain per row: the decoder verifies trees at batch size 1 only
         for local in self.locals:
             nodes = self.speculate(local.sequences[0], min(num_tokens, MAX_NODES), local=local, tree=False)
-            chains.append([n.token for n in nodes[: nodes_worth_verifying(nodes, curve)]])
+            chains.append([n.token for n in nodes[: costs.nodes_worth_verifying([n.prob for n in nodes], curve)]])
         counts = [len(c) for c in chains]
         k = max(counts)
         ids = torch.tensor([c + [0] * (k - len(c)) for c in chains], dtype=torch.long, device=device)

@@ -181,3 +181,17 @@ def draft_cost_from_rounds(
 def is_draft_cost(value: Any) -> bool:
     """A usable cached draft cost: a number >= 0."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+
+
+def nodes_worth_verifying(probs: Sequence[float], curve: Sequence[float]) -> int:
+    """How many of the best-first draft candidates with acceptance probabilities `probs` maximise
+    expected tokens per verify time: (1 + sum of the first n probs) / curve[n], with curve[n] =
+    T_v(n) / T_v(0) (0 = a plain target step is better than any guess). Suffix decoding and EAGLE-2
+    trees size their drafts with it."""
+    best_n, best_rate, gain = 0, 1.0 / curve[0], 1.0
+    for n in range(1, min(len(probs), len(curve) - 1) + 1):
+        gain += probs[n - 1]
+        rate = gain / max(curve[n], curve[0])
+        if rate > best_rate:
+            best_n, best_rate = n, rate
+    return best_n

@@ -9,7 +9,8 @@ import random
 import pytest
 import torch
 
-from drafters.suffix import SuffixDrafter, expected_tokens, nodes_worth_verifying
+from drafters.suffix import SuffixDrafter, expected_tokens
+from specdraft.costs import nodes_worth_verifying
 from drafters.suffix_index import Candidate, Match, SuffixIndex, best_chain, continuation_tree
 from specdraft.check.broken import always_accept
 from specdraft.decode import SpeculativeDecoder
@@ -130,10 +131,11 @@ def test_best_chain_follows_the_majority() -> None:
 def test_nodes_are_verified_only_while_they_pay() -> None:
     nodes = [Candidate(1, -1, 1, 0.9), Candidate(2, 0, 2, 0.8), Candidate(3, 1, 3, 0.05)]
     flat = [1.0, 1.0, 1.0, 1.0]
-    assert nodes_worth_verifying(nodes, flat) == 3  # free verification: take everything
+    probs = [n.prob for n in nodes]
+    assert nodes_worth_verifying(probs, flat) == 3  # free verification: take everything
     steep = [1.0, 1.5, 2.0, 3.0]
-    assert nodes_worth_verifying(nodes, steep) == 2  # (1 + 1.7) / 2.0 beats 1.9/1.5 and 2.75/3
-    assert nodes_worth_verifying([Candidate(1, -1, 1, 0.2)], steep) == 0  # 1.2 / 1.5 < 1
+    assert nodes_worth_verifying(probs, steep) == 2  # (1 + 1.7) / 2.0 beats 1.9/1.5 and 2.75/3
+    assert nodes_worth_verifying([Candidate(1, -1, 1, 0.2).prob], steep) == 0  # 1.2 / 1.5 < 1
     assert expected_tokens(nodes) == pytest.approx(2.75)
 
 
