@@ -15,6 +15,8 @@ from specdraft.models import tiny_random_target
 from specdraft.target import TargetModel
 from specdraft.train.distill import (
     Example,
+    answer_sequences,
+    answer_window,
     batch_at,
     cache_selfgen_topk,
     exit_cache_examples,
@@ -214,3 +216,52 @@ def test_missing_selfgen_topk_is_computed_once_and_cached(target_and_data: tuple
         assert ex.topk_indices[:, 0].tolist() == top.indices[:, 0].tolist()
 
 
+
+
+def test_answer_window_keeps_answer_positions_of_long_prompts() -> None:
+    assert answer_window(10, 50, 64) == 0  # fits
+    assert answer_window(10, 100, 64) == 0  # a long answer after a short prompt: the start, as before
+    assert answer_window(100, 120, 64) == 56  # ends at the sequence end: the whole answer is kept
+    assert answer_window(3000, 3200, 320) == 2880  # a document prompt, a 200-token answer: all of it
+    # a 400-token answer: a quarter window of the document as context, then the answer's start
+    assert answer_window(3000, 3400, 320) == 3000 - 1 - 80
+    for prompt, total, m in [(5, 400, 64), (300, 310, 64), (1, 2, 1), (1000, 1001, 8)]:
+        w = answer_window(prompt, total, m)
+        assert 0 <= w <= total - m and w <= prompt - 1  # a full window holding the first answer prediction
+
+
+def test_long_prompt_records_train_on_their_answers(target_and_data: tuple, tmp_path: Path) -> None:
+    target, seqs = target_and_data
+    flat = seqs["train"].flatten()  # [640]
+    records = [{"id": "long", "prompt_ids": flat[:200].tolist(), "completion_ids": flat[200:230].tolist()}]
+    cache_selfgen_topk(target, records, tmp_path, top_k=4)  # the teacher sees the whole sequence
+    (ex,), missing = selfgen_examples(records, tmp_path, max_len=64)
+    assert not missing and len(ex.ids) == 64
+    assert ex.ids[ex.positions + 1].tolist() == records[0]["completion_ids"]  # every answer token, in the window
+    seq, start = answer_sequences(records, 64)
+    assert torch.equal(seq[0], ex.ids) and start[0] == ex.positions[0].item()
+
+
+def test_selfgen_sources_can_be_listed(tmp_path: Path) -> None:
+    def write(name: str, n: int) -> Path:
+        path = tmp_path / name
+        path.write_text("".join(json.dumps({"id": f"{name}{i}", "split": "train", "prompt_ids": [1],
+                                            "completion_ids": [2, 3]}) + "\n" for i in range(n)))
+        return path
+
+    a, b = write("a.jsonl", 2), write("b.jsonl", 3)
+    assert [r["id"] for r in load_selfgen_records("train", [b, str(a)])] == ["b.jsonl0", "b.jsonl1", "b.jsonl2",
+                                                                              "a.jsonl0", "a.jsonl1"]
+    with pytest.raises(ValueError, match="empty"):
+        load_selfgen_records("train", [])
+    with pytest.raises(ValueError, match="does not exist"):
+        load_selfgen_records("train", [a, tmp_path / "none.jsonl"])
+
+
+def test_teacher_batches_are_bounded_in_padded_tokens(target_and_data: tuple) -> None:
+    target, seqs = target_and_data
+    rows = [seqs["train"][i, : 8 + 3 * i] for i in range(8)]
+    small = teacher_examples(target, rows, [0] * 8, top_k=4, max_batch_tokens=40)
+    big = teacher_examples(target, rows, [0] * 8, top_k=4)
+    for x, y in zip(small, big, strict=True):
+        assert torch.equal(x.ids, y.ids) and torch.equal(x.topk_indices[:, 0], y.topk_indices[:, 0])

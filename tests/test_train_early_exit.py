@@ -220,3 +220,16 @@ def test_the_teacher_cache_is_named_after_the_target() -> None:
     assert teacher_cache_dir(tiny).name.startswith("specdraft.models.tiny_random_target_")
     assert teacher_cache_dir(hub).name.startswith("org--model_")
     assert teacher_cache_dir(named).name.startswith("mine_")
+
+
+def test_each_list_of_selfgen_sources_gets_its_own_teacher_cache() -> None:
+    GlobalHydra.instance().clear()
+    with initialize_config_module(version_base="1.3", config_module="conf"):
+        def cache(path: str) -> Path:
+            return teacher_cache_dir(compose("train_early_exit", overrides=[
+                "cache_dir=/c", "sources=[selfgen,stdlib]", f"selfgen_path={path}"]))
+
+        one, listed, both, swapped = cache("/d/a"), cache("[/d/a]"), cache("[/d/a,/d/b]"), cache("[/d/b,/d/a]")
+    GlobalHydra.instance().clear()
+    assert one == listed  # one source, named either way, is the same data
+    assert len({one, both, swapped}) == 3  # the order is the stream's order: another cache

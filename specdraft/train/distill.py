@@ -91,17 +91,23 @@ class Example:
 @torch.inference_mode()
 def teacher_examples(
     target: TargetModel, sequences: Sequence[Tensor], starts: Sequence[int], top_k: int,
-    batch_size: int = 8, log_every: int = 0,
+    batch_size: int = 8, log_every: int = 0, max_batch_tokens: int = 8192,
 ) -> list[Example]:
     """Teacher top-k logits at positions starts[i]..T-1 of every sequence, returned in the input
     order. One batched forward per batch of similar-length sequences (taken shortest first, so little
-    is padded); ragged sequences are right-padded, which causal attention ignores for the real
-    positions."""
+    is padded, at most max_batch_tokens padded positions unless one sequence is longer, so long
+    documents do not need gigabytes of logits); ragged sequences are right-padded, which causal
+    attention ignores for the real positions."""
     out: list[Example | None] = [None] * len(sequences)
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    chunks: list[list[int]] = []  # at most batch_size rows and, past one row, max_batch_tokens padded positions
+    for i in order:
+        if chunks and len(chunks[-1]) < batch_size and (len(chunks[-1]) + 1) * len(sequences[i]) <= max_batch_tokens:
+            chunks[-1].append(i)
+        else:
+            chunks.append([i])
     t0, n = time.time(), 0
-    for b in range(0, len(order), batch_size):
-        chunk = order[b : b + batch_size]
+    for b, chunk in enumerate(chunks):
         width = max(len(sequences[i]) for i in chunk)
         ids = torch.zeros((len(chunk), width), dtype=torch.long)  # [B, T]
         for row, i in enumerate(chunk):
@@ -113,8 +119,8 @@ def teacher_examples(
             pos = torch.arange(min(starts[i], len(sequences[i])), len(sequences[i]))  # none if cut before the start
             out[i] = Example(sequences[i], pos, top.values[row, pos].half(), top.indices[row, pos])
         n += sum(len(sequences[i]) for i in chunk)
-        if log_every and (b // batch_size) % log_every == 0:
-            print(f"[distill] teacher cache {b + len(chunk)}/{len(order)} seqs, {n / (time.time() - t0):.0f} tok/s", flush=True)
+        if log_every and b % log_every == 0:
+            print(f"[distill] teacher cache {sum(map(len, chunks[: b + 1]))}/{len(order)} seqs, {n / (time.time() - t0):.0f} tok/s", flush=True)
     target.reset()
     return out  # type: ignore[return-value]  # every slot is filled
 
@@ -132,10 +138,12 @@ def selfgen_examples(records: list[dict], cache_dir: str | Path | None, max_len:
             missing.append(r)
             continue
         vals, idx = cached[r["id"]]
-        ids = torch.tensor(r["prompt_ids"] + r["completion_ids"], dtype=torch.long)[:max_len]
-        # the logits of generated step i sit at position len(prompt) - 1 + i
-        pos = torch.arange(len(r["prompt_ids"]) - 1, len(r["prompt_ids"]) - 1 + len(r["completion_ids"]))
-        keep = pos < len(ids)  # the position's input survived truncation
+        full = r["prompt_ids"] + r["completion_ids"]
+        w = answer_window(len(r["prompt_ids"]), len(full), max_len)
+        ids = torch.tensor(full[w : w + max_len], dtype=torch.long)
+        # the logits of generated step i sit at position len(prompt) - 1 + i (of the whole sequence)
+        pos = torch.arange(len(r["prompt_ids"]) - 1, len(r["prompt_ids"]) - 1 + len(r["completion_ids"])) - w
+        keep = (pos >= 0) & (pos < len(ids))  # the position's input is inside the window
         examples.append(Example(ids, pos[keep], vals[keep], idx[keep].long()))
     return examples, missing
 
@@ -193,11 +201,26 @@ def exit_cache_examples(stream: Tensor, first: int, cache_dir: str | Path) -> li
     return [Example(blocks[i], pos, values[i], ids[i]) for i in range(blocks.shape[0])]
 
 
+def answer_window(prompt_len: int, total_len: int, max_len: int) -> int:
+    """Where a max_len window of a prompt + answer sequence starts: at 0 when it fits; else as late as
+    keeps the whole answer, but never later than a quarter window before the answer's first
+    prediction, so a long document prompt still leaves answer positions (with context) to train on."""
+    if total_len <= max_len:
+        return 0
+    return max(0, min(total_len - max_len, prompt_len - 1 - max_len // 4))
+
+
 def answer_sequences(records: list[dict], max_len: int) -> tuple[list[Tensor], list[int]]:
-    """Self-generated records as token sequences [T] (prompt + answer, cut at max_len) and the
-    position of each one's first answer prediction (the last prompt token)."""
-    return ([torch.tensor(r["prompt_ids"] + r["completion_ids"])[:max_len] for r in records],
-            [len(r["prompt_ids"]) - 1 for r in records])
+    """Self-generated records as token sequences [T] (a max_len window of prompt + answer,
+    `answer_window`) and the position of each one's first answer prediction in it (the last
+    prompt token)."""
+    seqs, starts = [], []
+    for r in records:
+        ids = r["prompt_ids"] + r["completion_ids"]
+        w = answer_window(len(r["prompt_ids"]), len(ids), max_len)
+        seqs.append(torch.tensor(ids[w : w + max_len]))
+        starts.append(len(r["prompt_ids"]) - 1 - w)
+    return seqs, starts
 
 
 def _cached(cache_dir: str | None, name: str, compute: Callable[[], list[Example]]) -> list[Example]:

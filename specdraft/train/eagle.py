@@ -93,7 +93,7 @@ def feature_sequences(target: TargetModel, sequences: Sequences, layers: Sequenc
     return out
 
 
-def selfgen_sequences(split: str, path: str | None, max_tokens: int, greedy_only: bool = False) -> list[tuple[Tensor, int]]:
+def selfgen_sequences(split: str, path: str | Sequence[str] | None, max_tokens: int, greedy_only: bool = False) -> list[tuple[Tensor, int]]:
     """(prompt + answer ids, the position that produced the answer's first token) of selfgen records,
     up to max_tokens answer tokens."""
     from specdraft.train.selfgen import load_selfgen_records

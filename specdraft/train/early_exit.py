@@ -34,6 +34,7 @@ import json
 import logging
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -190,11 +191,12 @@ def losses(run: TrainLog) -> list[float]:
 
 
 def load_blocks(tokenizer: object, split: str, max_tokens: int, sources: list[str], block_size: int,
-                selfgen_path: str | None = None) -> Tensor:
+                selfgen_path: str | Sequence[str] | None = None) -> Tensor:
     """Token blocks [N, block_size] of one split of `sources`: "selfgen" (the target's own answers,
     exact ids, specdraft.train.selfgen) first, then the specdraft.data corpus sources, as one
     stream cut into blocks. A larger max_tokens gives the same blocks plus more (cache shards stay
-    valid). selfgen_path: a selfgen.jsonl or `specdraft-selfgen` out_dir (None = the shipped one)."""
+    valid). selfgen_path: a selfgen.jsonl or `specdraft-selfgen` out_dir, or a list of them (None =
+    the shipped one)."""
     from specdraft.data import corpus_documents, token_blocks
 
     corpus = [s for s in sources if s != "selfgen"]
@@ -264,7 +266,9 @@ def teacher_cache_dir(cfg) -> Path:  # noqa: ANN001 - an OmegaConf DictConfig
     blocks of the same token stream, so a larger train_tokens reuses them."""
     sources = "" if list(cfg.sources) == ["stdlib", "pydoc"] else "_" + "+".join(cfg.sources)
     if cfg.get("selfgen_path") and "selfgen" in cfg.sources:  # other answers: another cache
-        sources += "_" + hashlib.sha1(str(Path(cfg.selfgen_path).expanduser().resolve()).encode()).hexdigest()[:8]
+        paths = [cfg.selfgen_path] if isinstance(cfg.selfgen_path, str) else list(cfg.selfgen_path)
+        where = "|".join(str(Path(p).expanduser().resolve()) for p in paths)
+        sources += "_" + hashlib.sha1(where.encode()).hexdigest()[:8]
     return Path(cfg.cache_dir).expanduser() / (
         f"{cache_name(cfg)}{sources}_E{cfg.exit_layer}_T{cfg.block_size}_k{cfg.top_k}"
     )

@@ -161,7 +161,7 @@ def stdlib_sequences(tokenizer: object, split: str, tokens: int, block_size: int
     return [(b, 0) for b in blocks]
 
 
-def selfgen_sequences(split: str, path: str | None, max_tokens: int) -> list[tuple[Tensor, int]]:
+def selfgen_sequences(split: str, path: str | Sequence[str] | None, max_tokens: int) -> list[tuple[Tensor, int]]:
     """The target's own generations as (ids, position producing the first completion token)."""
     from specdraft.train.selfgen import load_selfgen_sequences
 

@@ -408,10 +408,17 @@ def _read_records(p: Path) -> list[dict]:
     return [json.loads(line) for f in files for line in read_lines(f) if line.strip()]
 
 
-def load_selfgen_records(split: str = "train", path: str | Path | None = None) -> list[dict]:
-    """The records of one split ("train" or "eval") of a selfgen.jsonl or of a run's `out_dir`."""
+def load_selfgen_records(split: str = "train", path: str | Path | Sequence[str | Path] | None = None) -> list[dict]:
+    """The records of one split ("train" or "eval") of a selfgen.jsonl or of a run's `out_dir`, or
+    of several of them in the order given (e.g. the broad data first, then the shipped templated file)."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}.")
+    if path is not None and not isinstance(path, (str, Path)):  # a list of sources (a Hydra ListConfig too)
+        paths = list(path)
+        if not paths:
+            raise ValueError("the list of self-distillation data sources is empty; name at least one "
+                             "selfgen.jsonl or specdraft-selfgen out_dir.")
+        return [r for one in paths for r in load_selfgen_records(split, one)]
     p = Path(path) if path is not None else SELFGEN_DIR / SELFGEN_FILE
     if not (p.is_file() or (p.is_dir() and shard_paths(p))):
         raise ValueError(
@@ -421,14 +428,14 @@ def load_selfgen_records(split: str = "train", path: str | Path | None = None) -
     return [r for r in _read_records(p) if r["split"] == split]
 
 
-def load_selfgen_texts(split: str = "train", path: str | Path | None = None) -> list[str]:
+def load_selfgen_texts(split: str = "train", path: str | Path | Sequence[str | Path] | None = None) -> list[str]:
     """Prompt + answer texts of one split (chat-formatted as the target saw them), for recipes
     that tokenize text themselves."""
     tok = load_tokenizer("smollm2-135m")
     return [tok.decode(r["prompt_ids"] + r["completion_ids"]) for r in load_selfgen_records(split, path)]
 
 
-def load_selfgen_sequences(split: str = "train", path: str | Path | None = None) -> list[tuple[Tensor, int]]:
+def load_selfgen_sequences(split: str = "train", path: str | Path | Sequence[str | Path] | None = None) -> list[tuple[Tensor, int]]:
     """(token ids [T] int64, prompt length) per record: the exact ids the target generated."""
     return [
         (torch.tensor(r["prompt_ids"] + r["completion_ids"], dtype=torch.long), len(r["prompt_ids"]))
