@@ -66,7 +66,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from specdraft import batch_bench, bench_checks, costs, llamacpp, machine_load, roofline, theory
-from specdraft.build import drafter_config, make_decoder, make_drafter
+from specdraft.build import drafter_config, drafter_label, make_decoder, make_drafter
 from specdraft.console import hydra_cli
 from specdraft.decode import SpeculativeDecoder
 from specdraft.files import write_text_atomically
@@ -383,7 +383,7 @@ def build_methods(cfg: DictConfig, target: TargetModel) -> list[Method]:
     buys."""
     methods = [Method(AR, decoder=make_decoder(cfg, target, None))]
     names = bench_checks.names(cfg.bench.drafters)
-    drafter_cfgs = {n: drafter_config(n) for n in names} if names else {"drafter": cfg.drafter}
+    drafter_cfgs = {drafter_label(n): drafter_config(n) for n in names} if names else {"drafter": cfg.drafter}
     targets = [("", target)]
     if cfg.bench.get("plain_stack") and target.fast:
         plain = TargetModel(target.model, target.tokenizer, target.eos_token_ids, fast=False)

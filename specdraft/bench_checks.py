@@ -20,6 +20,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from specdraft import llamacpp, models
+from specdraft.build import drafter_label
 from specdraft.draft_length import check_max_draft_tokens, check_num_draft_tokens
 from specdraft.suites import SuitePrompt, categories, load_suite
 
@@ -96,6 +97,10 @@ def setting_problems(
             drafter_config(name)
         except ValueError as err:
             problems.append(f"bench.drafters: {err}")
+    labels = [drafter_label(n) for n in names(bench.drafters)]
+    if len(set(labels)) < len(labels):
+        problems.append(f"bench.drafters names a drafter twice ({', '.join(names(bench.drafters))}); a config file "
+                        "goes by its file name in the results, so give every entry its own name.")
     for check, value in ((check_num_draft_tokens, cfg.num_draft_tokens), (check_max_draft_tokens, cfg.max_draft_tokens)):
         try:
             check(value)

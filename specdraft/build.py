@@ -63,13 +63,31 @@ def config_hash(cfg: DictConfig | dict | None) -> str:
 
 
 def drafter_config(name: str) -> DictConfig:
-    """The packaged `conf/drafter/<name>.yaml` (used to compare several drafters in one run)."""
+    """The packaged `conf/drafter/<name>.yaml`, or a drafter config file of your own when `name` is a
+    path ending in .yaml (e.g. the shipped draft's config pointing at a draft you trained), so several
+    drafters, or variants of one, are compared in one run."""
+    if name.endswith((".yaml", ".yml")):
+        own = Path(name).expanduser()
+        if not own.is_file():
+            raise ValueError(f"drafter config file {name!r} does not exist; give the path of a YAML file "
+                             "written like conf/drafter/<name>.yaml (a _target_ and its settings).")
+        loaded = OmegaConf.create(own.read_text())
+        if not isinstance(loaded, DictConfig) or "_target_" not in loaded:
+            raise ValueError(f"drafter config file {name!r} has no _target_; copy one of conf/drafter/*.yaml "
+                             "and change its settings.")
+        return loaded
     path = resources.files("conf").joinpath("drafter", f"{name}.yaml")
     if not path.is_file():
         known = sorted(p.name[:-5] for p in resources.files("conf").joinpath("drafter").iterdir() if p.name.endswith(".yaml"))
-        raise ValueError(f"unknown drafter config {name!r}; choose from {known}.")
+        raise ValueError(f"unknown drafter config {name!r}; choose from {known}, or give the path of your own "
+                         "drafter .yaml file.")
     loaded = OmegaConf.create(path.read_text())
     return loaded if isinstance(loaded, DictConfig) else OmegaConf.create({})
+
+
+def drafter_label(name: str) -> str:
+    """The name a `bench.drafters` entry goes by in results: the config's name, or its file's stem."""
+    return Path(name).stem if name.endswith((".yaml", ".yml")) else name
 
 
 def prompt_text(prompt: Any, prompt_file: str | None = None) -> str:

@@ -371,3 +371,31 @@ def test_a_remembering_drafter_learns_each_prompt_once_after_its_timed_runs(hydr
     assert memory["suffix"]["tokens"] <= memory["suffix"]["budget_tokens"]
     assert all(r["greedy_match"] is True for r in result["records"])
     assert "## what drafters keep across requests" in (tmp_path / "out" / "results.md").read_text()
+
+
+def test_a_drafter_config_file_of_your_own_runs_beside_the_packaged_one(hydra_conf: None, tmp_path: Path) -> None:
+    """bench.drafters takes the path of a YAML drafter config too (a variant of a shipped drafter, e.g.
+    pointing at a draft you trained): it runs beside the packaged config and goes by its file name."""
+    own = tmp_path / "ngram_wide.yaml"
+    own.write_text("_target_: drafters.ngram.NGramDrafter\nmax_ngram: 4\nmin_ngram: 1\n")
+    suite = write_suite(tmp_path / "s.jsonl", [5, 5])
+    cfg = compose("bench", overrides=[
+        "target=tiny_random", "suite=file", f"suite.path={suite}", "max_new_tokens=6", "num_draft_tokens=2",
+        f"bench.drafters=[ngram,{own}]", "bench.peers=[]", "bench.repetitions=1", "bench.warmup=0",
+        "bench.plots=false", "bench.progress=false", "bench.bandwidth_bytes=0"])
+    result = bench.run_bench(cfg, tmp_path / "out")
+    assert {r["method"] for r in result["records"]} == {"autoregressive", "ngram", "ngram_wide"}
+    assert all(r["greedy_match"] is True for r in result["records"])
+
+    (tmp_path / "sub").mkdir()
+    twin = tmp_path / "sub" / "ngram_wide.yaml"
+    twin.write_text(own.read_text())
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("max_ngram: 4\n")
+    for drafters, sentence in ((f"[{own},{twin}]", "names a drafter twice"),
+                               (f"[{tmp_path / 'none.yaml'}]", "does not exist"),
+                               (f"[{empty}]", "has no _target_")):
+        bad = compose("bench", overrides=["target=tiny_random", "suite=file", f"suite.path={suite}",
+                                          f"bench.drafters={drafters}"])
+        with pytest.raises(ValueError, match=sentence):
+            bench.plan_bench(bad, tmp_path / "out2")
