@@ -66,7 +66,7 @@ def drafter_config(name: str) -> DictConfig:
     """The packaged `conf/drafter/<name>.yaml`, or a drafter config file of your own when `name` is a
     path ending in .yaml (e.g. the shipped draft's config pointing at a draft you trained), so several
     drafters, or variants of one, are compared in one run."""
-    if name.endswith((".yaml", ".yml")):
+    if is_config_file(name):
         own = Path(name).expanduser()
         if not own.is_file():
             raise ValueError(f"drafter config file {name!r} does not exist; give the path of a YAML file "
@@ -85,9 +85,14 @@ def drafter_config(name: str) -> DictConfig:
     return loaded if isinstance(loaded, DictConfig) else OmegaConf.create({})
 
 
+def is_config_file(name: str) -> bool:
+    """Whether a drafter name is the path of a config file of your own (it ends in .yaml / .yml)."""
+    return name.endswith((".yaml", ".yml"))
+
+
 def drafter_label(name: str) -> str:
     """The name a `bench.drafters` entry goes by in results: the config's name, or its file's stem."""
-    return Path(name).stem if name.endswith((".yaml", ".yml")) else name
+    return Path(name).stem if is_config_file(name) else name
 
 
 def prompt_text(prompt: Any, prompt_file: str | None = None) -> str:

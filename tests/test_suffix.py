@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from drafters.suffix import SuffixDrafter, expected_tokens
-from specdraft.costs import nodes_worth_verifying
 from drafters.suffix_index import Candidate, Match, SuffixIndex, best_chain, continuation_tree
 from specdraft.check.broken import always_accept
+from specdraft.costs import nodes_worth_verifying
 from specdraft.decode import SpeculativeDecoder
 from specdraft.models import tiny_random_target
 from specdraft.protocol import DraftContext

@@ -106,7 +106,7 @@ def teacher_examples(
             chunks[-1].append(i)
         else:
             chunks.append([i])
-    t0, n = time.time(), 0
+    t0, n, done = time.time(), 0, 0
     for b, chunk in enumerate(chunks):
         width = max(len(sequences[i]) for i in chunk)
         ids = torch.zeros((len(chunk), width), dtype=torch.long)  # [B, T]
@@ -118,9 +118,9 @@ def teacher_examples(
         for row, i in enumerate(chunk):
             pos = torch.arange(min(starts[i], len(sequences[i])), len(sequences[i]))  # none if cut before the start
             out[i] = Example(sequences[i], pos, top.values[row, pos].half(), top.indices[row, pos])
-        n += sum(len(sequences[i]) for i in chunk)
+        n, done = n + sum(len(sequences[i]) for i in chunk), done + len(chunk)
         if log_every and b % log_every == 0:
-            print(f"[distill] teacher cache {sum(map(len, chunks[: b + 1]))}/{len(order)} seqs, {n / (time.time() - t0):.0f} tok/s", flush=True)
+            print(f"[distill] teacher cache {done}/{len(order)} seqs, {n / (time.time() - t0):.0f} tok/s", flush=True)
     target.reset()
     return out  # type: ignore[return-value]  # every slot is filled
 
@@ -138,9 +138,7 @@ def selfgen_examples(records: list[dict], cache_dir: str | Path | None, max_len:
             missing.append(r)
             continue
         vals, idx = cached[r["id"]]
-        full = r["prompt_ids"] + r["completion_ids"]
-        w = answer_window(len(r["prompt_ids"]), len(full), max_len)
-        ids = torch.tensor(full[w : w + max_len], dtype=torch.long)
+        ids, w = windowed_record(r, max_len)
         # the logits of generated step i sit at position len(prompt) - 1 + i (of the whole sequence)
         pos = torch.arange(len(r["prompt_ids"]) - 1, len(r["prompt_ids"]) - 1 + len(r["completion_ids"])) - w
         keep = (pos >= 0) & (pos < len(ids))  # the position's input is inside the window
@@ -210,17 +208,19 @@ def answer_window(prompt_len: int, total_len: int, max_len: int) -> int:
     return max(0, min(total_len - max_len, prompt_len - 1 - max_len // 4))
 
 
+def windowed_record(record: dict, max_len: int) -> tuple[Tensor, int]:
+    """A self-generated record's prompt + answer ids [T <= max_len] int64 in its `answer_window`,
+    and where that window starts in the whole sequence."""
+    full = record["prompt_ids"] + record["completion_ids"]
+    w = answer_window(len(record["prompt_ids"]), len(full), max_len)
+    return torch.tensor(full[w : w + max_len], dtype=torch.long), w
+
+
 def answer_sequences(records: list[dict], max_len: int) -> tuple[list[Tensor], list[int]]:
-    """Self-generated records as token sequences [T] (a max_len window of prompt + answer,
-    `answer_window`) and the position of each one's first answer prediction in it (the last
-    prompt token)."""
-    seqs, starts = [], []
-    for r in records:
-        ids = r["prompt_ids"] + r["completion_ids"]
-        w = answer_window(len(r["prompt_ids"]), len(ids), max_len)
-        seqs.append(torch.tensor(ids[w : w + max_len]))
-        starts.append(len(r["prompt_ids"]) - 1 - w)
-    return seqs, starts
+    """Self-generated records as token sequences [T] (`windowed_record`) and the position of each
+    one's first answer prediction in it (the last prompt token)."""
+    windows = [windowed_record(r, max_len) for r in records]
+    return [ids for ids, _ in windows], [len(r["prompt_ids"]) - 1 - w for r, (_, w) in zip(records, windows, strict=True)]
 
 
 def _cached(cache_dir: str | None, name: str, compute: Callable[[], list[Example]]) -> list[Example]:

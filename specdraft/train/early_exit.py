@@ -266,8 +266,9 @@ def teacher_cache_dir(cfg) -> Path:  # noqa: ANN001 - an OmegaConf DictConfig
     blocks of the same token stream, so a larger train_tokens reuses them."""
     sources = "" if list(cfg.sources) == ["stdlib", "pydoc"] else "_" + "+".join(cfg.sources)
     if cfg.get("selfgen_path") and "selfgen" in cfg.sources:  # other answers: another cache
-        paths = [cfg.selfgen_path] if isinstance(cfg.selfgen_path, str) else list(cfg.selfgen_path)
-        where = "|".join(str(Path(p).expanduser().resolve()) for p in paths)
+        from specdraft.train.selfgen import selfgen_sources
+
+        where = "|".join(str(Path(p).expanduser().resolve()) for p in selfgen_sources(cfg.selfgen_path))
         sources += "_" + hashlib.sha1(where.encode()).hexdigest()[:8]
     return Path(cfg.cache_dir).expanduser() / (
         f"{cache_name(cfg)}{sources}_E{cfg.exit_layer}_T{cfg.block_size}_k{cfg.top_k}"

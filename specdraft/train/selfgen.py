@@ -408,17 +408,22 @@ def _read_records(p: Path) -> list[dict]:
     return [json.loads(line) for f in files for line in read_lines(f) if line.strip()]
 
 
+def selfgen_sources(path: str | Path | Sequence[str | Path]) -> list[str | Path]:
+    """A recipe's self-distillation data setting as a list: one selfgen.jsonl / out_dir, or several."""
+    paths = [path] if isinstance(path, (str, Path)) else list(path)
+    if not paths:
+        raise ValueError("the list of self-distillation data sources is empty; name at least one "
+                         "selfgen.jsonl or specdraft-selfgen out_dir.")
+    return paths
+
+
 def load_selfgen_records(split: str = "train", path: str | Path | Sequence[str | Path] | None = None) -> list[dict]:
     """The records of one split ("train" or "eval") of a selfgen.jsonl or of a run's `out_dir`, or
     of several of them in the order given (e.g. the broad data first, then the shipped templated file)."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}.")
     if path is not None and not isinstance(path, (str, Path)):  # a list of sources (a Hydra ListConfig too)
-        paths = list(path)
-        if not paths:
-            raise ValueError("the list of self-distillation data sources is empty; name at least one "
-                             "selfgen.jsonl or specdraft-selfgen out_dir.")
-        return [r for one in paths for r in load_selfgen_records(split, one)]
+        return [r for one in selfgen_sources(path) for r in load_selfgen_records(split, one)]
     p = Path(path) if path is not None else SELFGEN_DIR / SELFGEN_FILE
     if not (p.is_file() or (p.is_dir() and shard_paths(p))):
         raise ValueError(
