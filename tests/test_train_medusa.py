@@ -20,6 +20,7 @@ from specdraft.protocol import DraftContext
 from specdraft.sampling import SamplingConfig
 from specdraft.target import TargetModel
 from specdraft.train.medusa import concat, evaluate, head_losses, precompute, train
+from specdraft.train.shard_cache import cached_shards
 from specdraft.vocab import VOCAB_FILE, build_pruned_vocab
 
 
@@ -56,6 +57,29 @@ def test_config_composes() -> None:
         cfg = compose(config_name="train_medusa", overrides=["num_heads=4", "heads_loss.loss=kl"])
     GlobalHydra.instance().clear()
     assert cfg.num_heads == 4 and cfg.heads_loss.loss == "kl"
+
+
+def test_cached_shards_are_reused_only_for_the_sequences_they_were_computed_from(tmp_path: Path) -> None:
+    """An interrupted or repeated run reuses its shards; other data of the same lengths in the same
+    cache directory is recomputed, never trained on with another dataset's states."""
+    calls: list[int] = []
+
+    def compute(shard):  # noqa: ANN001, ANN202 - the target's outputs: here the ids themselves
+        calls.append(len(shard))
+        return {"choice": torch.cat([ids for ids, _ in shard])}
+
+    seqs = [(torch.arange(10) + i, 0) for i in range(6)]
+    first = cached_shards(seqs, tmp_path, "s", compute, shard_tokens=20)
+    assert len(calls) == 3
+    again = cached_shards(seqs, tmp_path, "s", compute, shard_tokens=20)
+    assert len(calls) == 3 and all(torch.equal(a["choice"], b["choice"]) for a, b in zip(first, again))
+    other = [(ids + 100, 0) for ids, _ in seqs[:2]] + seqs[2:]  # same lengths, other tokens in shard 0
+    parts = cached_shards(other, tmp_path, "s", compute, shard_tokens=20)
+    assert len(calls) == 4  # only shard 0 was recomputed
+    assert torch.equal(parts[0]["choice"], torch.cat([ids for ids, _ in other[:2]]))
+    moved = [(ids, 1) for ids, _ in seqs]  # same tokens, other first positions
+    cached_shards(moved, tmp_path, "s", compute, shard_tokens=20)
+    assert len(calls) == 7
 
 
 @pytest.mark.parametrize("loss", ["ce", "kl"])

@@ -75,7 +75,7 @@ def _features(target: TargetModel, layers: Sequence[int], shard: Sequences) -> d
         firsts.append(first)
     target.reset()
     return {"features": torch.cat(feats), "choice": torch.cat(choice), "lengths": torch.tensor(lengths),
-            "firsts": torch.tensor(firsts), "positions": torch.tensor(sum(lengths))}
+            "firsts": torch.tensor(firsts)}
 
 
 def feature_sequences(target: TargetModel, sequences: Sequences, layers: Sequence[int], cache_dir: Path,
