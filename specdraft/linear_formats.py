@@ -60,6 +60,12 @@ class Linear(Protocol):
     def __call__(self, x: Tensor) -> Tensor: ...
 
 
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has bfloat16 instructions oneDNN uses (AVX-512 BW/VL/DQ or AVX-NE-CONVERT). Elsewhere
+    (AVX2) bfloat16 products are emulated and slower than float32: packing and autocast stay off there."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 class PackedLinear:
     """A float weight frozen in the layout that is fastest for few rows on this device (oneDNN
     reorder on CPU; `F.linear` on the plain weight elsewhere). The output has the input's dtype
@@ -77,9 +83,7 @@ class PackedLinear:
             weight.device.type == "cpu"
             and torch.backends.mkldnn.is_available()
             and (weight.dtype == torch.float32
-                 # oneDNN packs bfloat16 only where the CPU has the instructions (AVX-512 BW/VL/DQ
-                 # or AVX-NE-CONVERT); elsewhere (AVX2) the plain product runs
-                 or (weight.dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()))
+                 or (weight.dtype == torch.bfloat16 and cpu_has_bf16()))
         )
         self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_ROWS) if self.packed else weight
         # rows 0..n-1 of the input are copied in; rows n.. hold whatever an earlier call left (zeros at

@@ -19,7 +19,7 @@ from specdraft.models import tiny_random_target
 from specdraft.protocol import DraftContext
 from specdraft.sampling import SamplingConfig
 from specdraft.target import TargetModel
-from specdraft.train.medusa import concat, evaluate, head_losses, precompute, train
+from specdraft.train.medusa import concat, evaluate, head_losses, precompute, train, use_bf16
 from specdraft.train.shard_cache import cached_shards
 from specdraft.vocab import VOCAB_FILE, build_pruned_vocab
 
@@ -57,6 +57,15 @@ def test_config_composes() -> None:
         cfg = compose(config_name="train_medusa", overrides=["num_heads=4", "heads_loss.loss=kl"])
     GlobalHydra.instance().clear()
     assert cfg.num_heads == 4 and cfg.heads_loss.loss == "kl"
+
+
+def test_bf16_setting_auto_follows_the_cpu_and_bad_values_are_named() -> None:
+    from specdraft.linear_formats import cpu_has_bf16
+
+    assert use_bf16("auto") == cpu_has_bf16()
+    assert use_bf16(True) is True and use_bf16(False) is False
+    with pytest.raises(ValueError, match="bf16 must be true, false or auto"):
+        use_bf16("yes")
 
 
 def test_cached_shards_are_reused_only_for_the_sequences_they_were_computed_from(tmp_path: Path) -> None:

@@ -49,6 +49,7 @@ from specdraft.build import target_label
 from specdraft.console import hydra_cli
 from specdraft.formats.medusa_heads import MedusaHeads, save_accuracy, save_heads
 from specdraft.formats.target_info import guard_cache, target_info
+from specdraft.linear_formats import cpu_has_bf16
 from specdraft.target import TargetModel
 from specdraft.train.loop import TrainLog, TrainSettings, recipe_settings
 from specdraft.train.loop import train as train_loop
@@ -290,6 +291,16 @@ def batch_positions(inputs: Tensor, step: int, batch_size: int, seed: int) -> Te
     return inputs[torch.randint(len(inputs), (batch_size,), generator=gen)]
 
 
+def use_bf16(setting: bool | str) -> bool:
+    """The recipe's `bf16` setting -> whether to train under bfloat16 autocast: "auto" = where the CPU has
+    bfloat16 instructions (there it is several times faster; on AVX2 it is emulated and many times slower)."""
+    if setting == "auto":
+        return cpu_has_bf16()
+    if isinstance(setting, bool):
+        return setting
+    raise ValueError(f"bf16 must be true, false or auto (bfloat16 autocast where the CPU has the instructions), got {setting!r}.")
+
+
 def build_heads(cfg: DictConfig, target: TargetModel) -> nn.Module:
     """Fresh PEFT-wrapped heads on the target's lm_head (and input embedding, recurrent heads)."""
     recurrent = bool(cfg.get("recurrent", False))
@@ -316,11 +327,12 @@ def train(cfg: DictConfig, target: TargetModel, train_set: HiddenSet,
         Path(ckpt_path).unlink(missing_ok=True)  # start over (and checkpoint anew)
     inputs = train_set.inputs(cfg.num_heads)
     objective = cfg.heads_loss
+    bf16 = use_bf16(cfg.bf16)
     weights = torch.tensor([objective.decay**k for k in range(cfg.num_heads)])
 
     def step_loss(step: int) -> tuple[Tensor, Mapping[str, float]]:
         idx = batch_positions(inputs, step, cfg.batch_size, cfg.seed)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool(cfg.bf16)):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             losses = head_losses(fast, train_set, idx, objective.loss)
         return (weights * losses).sum(), {f"h{k + 1}": round(v, 4) for k, v in enumerate(losses.tolist())}
 
@@ -388,6 +400,7 @@ def run(cfg: DictConfig, target: TargetModel | None = None) -> dict:
     if cfg.stage not in ("precompute", "train", "all"):
         raise ValueError(f"stage must be precompute, train or all, got {cfg.stage!r}.")
     TrainSettings.from_config(cfg.train)  # a bad train: group is an error before any work
+    use_bf16(cfg.bf16)
     if cfg.stage != "precompute":
         prepare_output_dir(cfg.out_dir, bool(cfg.get("overwrite", False)))
     t_start = time.time()
@@ -420,6 +433,7 @@ def run(cfg: DictConfig, target: TargetModel | None = None) -> dict:
         "train_positions": {k: int(v.inputs(cfg.num_heads).numel()) for k, v in trains.items()},
         "eval": {n: {k: v for k, v in r.items() if k != "label_ranks"} for n, r in results.items()},
         "wall_seconds": round(time.time() - t_start, 1),
+        "bf16_autocast": use_bf16(cfg.bf16),
         **log,
     }
     save_heads(model, out_dir, provenance, dtype=getattr(torch, cfg.get("save_dtype", "float32")),
