@@ -4,6 +4,7 @@ saved PEFT adapter reloads to identical outputs."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from specdraft.target import TargetModel
 from specdraft.train.medusa import concat, evaluate, head_losses, precompute, train, use_bf16
 from specdraft.train.shard_cache import cached_shards
 from specdraft.vocab import VOCAB_FILE, build_pruned_vocab
+from tests.helpers import load_script
 
 
 def tiny_cfg(tmp_path: Path, loss: str = "ce", **train: object) -> DictConfig:
@@ -233,3 +235,12 @@ def test_recurrent_heads_train_save_in_float16_and_draft(tmp_path: Path) -> None
     assert drafter.propose(ctx, 3).num_tokens == 3
     with pytest.raises(ValueError, match="recurrent"):
         export(model, tmp_path / "vllm")
+
+
+def test_heldout_chain_length_counts_a_draft_only_while_every_earlier_head_was_right() -> None:
+    """benchmarks/medusa_heldout.py: 1 + sum_k P(heads 1..k all rank the target's choice first)."""
+    script = load_script(Path(__file__).resolve().parents[1] / "benchmarks" / "medusa_heldout.py")
+    ranks = [[0, 0, 0], [0, 3, 0], [2, 0, 0], [0, 0, 10]]  # the label's rank in each head's list
+    # P(head 1 right) = 3/4, P(heads 1-2) = 2/4, P(heads 1-3) = 1/4
+    assert script.chain_accepted_length(ranks) == pytest.approx(1 + 0.75 + 0.5 + 0.25)
+    assert math.isnan(script.chain_accepted_length([]))
