@@ -21,15 +21,15 @@ from specdraft.formats.medusa_heads import base_heads, check_heads_target, load_
 from specdraft.formats.target_info import guard_cache
 from specdraft.models import load_target
 from specdraft.train.medusa import evaluate, precompute, selfgen_sequences
-from specdraft.vocab import VOCAB_FILE, PrunedVocab
+from specdraft.verify import leading_true
+from specdraft.vocab import AUTO, resolve_pruned_vocab
 
 
 def chain_accepted_length(label_ranks: list[list[int]]) -> float:
     """1 + sum_k P(heads 1..k all rank the target's choice first), over positions where every head has a label."""
     if not label_ranks:
         return float("nan")
-    right = torch.tensor(label_ranks) == 0  # [M, K]
-    return 1.0 + right.cumprod(dim=1).float().mean(0).sum().item()
+    return 1.0 + leading_true(torch.tensor(label_ranks) == 0).double().mean().item()  # ranks [M, K]
 
 
 def main() -> None:
@@ -56,7 +56,7 @@ def main() -> None:
     print("|---|---|---|---|")
     for name in args.heads:
         path = resolve_heads_dir(name)
-        vocab = PrunedVocab.load(path / VOCAB_FILE) if (path / VOCAB_FILE).is_file() else None
+        vocab = resolve_pruned_vocab(AUTO, path, target.vocab_size)  # the one saved with the heads, if any
         check_heads_target(path, target)
         model = load_heads(path, target.lm_head.weight, embed)
         acc = evaluate(model, data, base_heads(model).num_heads, args.positions, vocab)

@@ -36,6 +36,7 @@ from torch import Tensor
 
 from specdraft.protocol import Draft, DraftContext
 from specdraft.sampling import draw, sample, warp
+from specdraft.verify import leading_true
 from specdraft.vocab import PrunedVocab
 
 if TYPE_CHECKING:
@@ -384,7 +385,7 @@ class DraftCache:
             left = tokens.gather(1, (shift[:, None] + cols[None]).clamp(max=width - 1))  # [B, n]
         limit = torch.tensor([min(a, b) for a, b in zip(mine, theirs)], dtype=torch.long, device=device)  # [B]
         same = (self._ids[:, :n] == left) & (cols[None] < limit[:, None])  # [B, n]
-        return [int(x) for x in same.long().cumprod(1).sum(1).tolist()]
+        return [int(x) for x in leading_true(same).tolist()]
 
     def _append_rows(self, feed: Tensor, counts: Sequence[int] | None) -> None:
         """Row i's last counts[i] columns of feed [B, n] were cached after its own tokens."""

@@ -41,7 +41,7 @@ def greedy_verify(draft_ids: Tensor, target_logits: Tensor, lengths: Tensor | No
     """Accept the longest prefix of draft_ids [B, K] equal to argmax(target_logits [B, K+1, V]),
     at most lengths[i] [B] tokens in row i (None = all K)."""
     target_ids = target_logits.argmax(dim=-1)  # [B, K+1]
-    num_accepted = _leading_true(_real(draft_ids == target_ids[:, :-1], lengths))  # [B]
+    num_accepted = leading_true(_real(draft_ids == target_ids[:, :-1], lengths))  # [B]
     next_token = target_ids.gather(1, num_accepted[:, None]).squeeze(1)  # [B]
     return VerifyResult(num_accepted=num_accepted, next_token=next_token)
 
@@ -77,7 +77,7 @@ def rejection_sample(
 
     u = torch.rand((bsz, k), generator=generator, dtype=torch.float64).to(p.device)  # [B, K]
     accepted = u * q_x < p_x  # [B, K]  <=>  u < min(1, p/q), never true when p = 0
-    num_accepted = _leading_true(_real(accepted, lengths))  # [B]
+    num_accepted = leading_true(_real(accepted, lengths))  # [B]
     rows = torch.arange(bsz, device=p.device)
     real = torch.full((bsz,), k, dtype=torch.long, device=p.device) if lengths is None else lengths.to(p.device)
 
@@ -112,8 +112,8 @@ def _real(mask: Tensor, lengths: Tensor | None) -> Tensor:
     return mask & (cols[None] < lengths.to(mask.device)[:, None])
 
 
-def _leading_true(mask: Tensor) -> Tensor:
-    """Number of leading True values per row of mask [B, K] -> [B] int64."""
+def leading_true(mask: Tensor) -> Tensor:
+    """Number of leading True values per row of mask [B, K] -> [B] int64: the accepted prefix of each row."""
     if mask.shape[1] == 0:
         return torch.zeros(mask.shape[0], dtype=torch.long, device=mask.device)
     return mask.long().cumprod(dim=1).sum(dim=1)

@@ -344,7 +344,7 @@ def train(cfg: DictConfig, target: TargetModel, train_set: HiddenSet,
     run = train_loop(model, step_loss, settings, name="medusa", checkpoint=ckpt_path,
                      evaluate=evaluate_sets if eval_sets else None)
     model.eval()
-    return model, train_log(run, cfg.num_heads)
+    return model, {**train_log(run, cfg.num_heads), "bf16_autocast": bf16}
 
 
 def train_log(run: TrainLog, num_heads: int) -> dict[str, Any]:
@@ -433,7 +433,6 @@ def run(cfg: DictConfig, target: TargetModel | None = None) -> dict:
         "train_positions": {k: int(v.inputs(cfg.num_heads).numel()) for k, v in trains.items()},
         "eval": {n: {k: v for k, v in r.items() if k != "label_ranks"} for n, r in results.items()},
         "wall_seconds": round(time.time() - t_start, 1),
-        "bf16_autocast": use_bf16(cfg.bf16),
         **log,
     }
     save_heads(model, out_dir, provenance, dtype=getattr(torch, cfg.get("save_dtype", "float32")),
