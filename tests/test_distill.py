@@ -72,6 +72,25 @@ def test_recipe_runs_loss_goes_down_and_checkpoint_loads(target_and_data: tuple,
     assert not any("embed" in k or "lm_head" in k for k in load_file(tmp_path / "artifact" / "draft.safetensors"))
 
 
+def test_continuing_a_draft_records_init_from_as_given(
+    target_and_data: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`student.init_from` continues an exported draft, and draft.json records the name the user gave
+    (a shipped name such as "smollm2-135m/draft"), not the path it resolved to on this machine."""
+    target, seqs = target_and_data
+    first = tiny_cfg(tmp_path / "first", steps=3)
+    first["data"]["sequences"] = [seqs]
+    run(first, target=target)
+    shipped = {"tiny/draft": tmp_path / "first" / "artifact"}  # a stand-in for the shipped artifacts
+    monkeypatch.setattr("specdraft.train.distill.require_artifact", lambda spec, what: shipped[spec])
+    cont = tiny_cfg(tmp_path / "second", steps=3)
+    cont["data"]["sequences"] = [seqs]
+    cont["student"]["init_from"] = "tiny/draft"
+    run(cont, target=target)
+    meta = json.loads((tmp_path / "second" / "artifact" / "draft.json").read_text())
+    assert [c["init_from"] for c in meta["init_candidates"]] == ["tiny/draft"]
+
+
 def test_recipe_resumes_exactly_from_checkpoint(
     target_and_data: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

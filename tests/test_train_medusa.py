@@ -118,6 +118,7 @@ def test_training_lowers_every_head_loss_and_reloads(tmp_path: Path, loss: str) 
     out = tmp_path / "heads"
     save_heads(model, out, {"command": "test"})
     assert (out / "adapter_config.json").is_file() and (out / "adapter_model.safetensors").is_file()
+    assert (out / "README.md").read_text().startswith("# 3 Medusa heads, PEFT adapter")  # not PEFT's card
     reloaded = load_heads(out, target.lm_head.weight)
     hidden = data.hidden[:20]
     with torch.no_grad():
@@ -221,6 +222,7 @@ def test_recurrent_heads_train_save_in_float16_and_draft(tmp_path: Path) -> None
 
     stored = load_file(out / "adapter_model.safetensors")
     assert {v.dtype for v in stored.values()} == {torch.float16}
+    assert (out / "README.md").read_text().startswith("# 3 recurrent Medusa heads")
     assert any(".inputs." in k for k in stored)
     embed = target.model.get_input_embeddings().weight
     reloaded = load_heads(out, target.lm_head.weight, embed)

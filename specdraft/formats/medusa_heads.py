@@ -210,8 +210,10 @@ def save_heads(peft_model: nn.Module, out_dir: str | Path, provenance: Mapping[s
         config[RECORD_KEY] = dict(target)
     (out / HEADS_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
     (out / "provenance.json").write_text(json.dumps(provenance, indent=2) + "\n")
+    kind = "recurrent Medusa heads (head k also reads the token before it)" if config.get("recurrent") else "Medusa heads"
     (out / "README.md").write_text(  # replaces PEFT's generic model card
-        "# Medusa heads (PEFT adapter)\n\nLoad with `drafters.medusa.MedusaDrafter(heads=<this dir>)` "
+        f"# {config['num_heads']} {kind}, PEFT adapter\n\n"
+        "Load with `drafters.medusa.MedusaDrafter(heads=<this dir>)` "
         "or `specdraft.formats.medusa_heads.load_heads(<this dir>, target.lm_head.weight, "
         "target.model.get_input_embeddings().weight)`; made by "
         f"`{provenance.get('command', 'specdraft-train-medusa')}` (details in provenance.json).\n"

@@ -514,7 +514,7 @@ def choose_student(
     init = init_from_dir(cfg)
     if init is not None:
         layer_ids, student = draft_layer_ids(init), load_draft_artifact(init, target)
-        results = [{"init_from": str(init), "layer_ids": layer_ids, **evaluate_all(student, vocab, evals)}]
+        results = [{"init_from": str(cfg["student"]["init_from"]), "layer_ids": layer_ids, **evaluate_all(student, vocab, evals)}]
     else:
         layer_ids, results = choose_init(target.model, cfg["student"]["init_candidates"], vocab, evals)
         student = build_student(target.model, layer_ids)
