@@ -29,7 +29,6 @@ the last) and speedup_vs_batch.png; `render_markdown` is the "## Batch sizes" se
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
 import time
@@ -341,7 +340,7 @@ def run_sweep(
     reps, warmup = int(cfg.bench.repetitions), int(cfg.bench.warmup)
     for b in sizes:  # every batch size's verify curve, measured before any timing
         costs.verify_curve(target, curve_tokens, batch_size=b)
-    load_before = machine_load.load_average()
+    load_before, clock = machine_load.load_average(), machine_load.CpuClock.now()
     result: dict[str, Any] = {
         "partial": True, "baseline": ar, "batch_sizes": sizes, "batches_per_size": count, "repetitions": reps,
         "warmup": warmup, "greedy": sampling.greedy, "methods": [m.name for m in chosen],
@@ -349,8 +348,7 @@ def run_sweep(
     }
 
     def write(partial: bool) -> None:
-        load = machine_load.MachineLoad(os.cpu_count(), torch.get_num_threads(), load_before,
-                                        machine_load.load_average())
+        load = machine_load.MachineLoad.since(clock, load_before, torch.get_num_threads())
         result.update(partial=partial, machine=load.to_json())
         write_text_atomically(out_dir / OUTPUTS[0], json.dumps(result, indent=1, default=str))
 

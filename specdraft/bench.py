@@ -37,9 +37,9 @@ target's context) and the output folder are checked, and every problem is report
 (`specdraft.bench_checks`). results.json and results.md are rewritten after each prompt, marked
 `"partial": true` until the last one; Ctrl-C or an error during the runs leaves them with every
 finished prompt and says how far the run got. A folder that holds an earlier run's results (a
-fixed hydra.run.dir) is refused unless bench.overwrite=true. Both files record the load average
-before and after the run and warn when other processes or surplus threads competed for the cores
-(`specdraft.machine_load`).
+fixed hydra.run.dir) is refused unless bench.overwrite=true. Both files record the cores other
+processes kept busy during the run (and the load average before and after) and warn when they or
+surplus threads competed for the cores (`specdraft.machine_load`).
 
     specdraft-bench drafter=ngram suite=quick
     specdraft-bench bench.drafters=[ngram,early_exit] bench.peers=[hf_generate,hf_prompt_lookup]
@@ -49,7 +49,6 @@ before and after the run and warn when other processes or surplus threads compet
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
 import time
@@ -580,7 +579,7 @@ def run_bench(cfg: DictConfig, out_dir: Path, plan: BenchPlan | None = None) -> 
     the config. On Ctrl-C or an error during the runs, the finished prompts are written (marked
     partial), the message says how far it got, and the exception goes on."""
     plan = plan or plan_bench(cfg, out_dir)
-    load_before = machine_load.load_average()
+    load_before, clock = machine_load.load_average(), machine_load.CpuClock.now()
     target = instantiate(cfg.target)
     # the loaded target is the authority (and the only source for loaders preview_target cannot read)
     bench_checks.raise_problems(bench_checks.context_problems(
@@ -602,8 +601,7 @@ def run_bench(cfg: DictConfig, out_dir: Path, plan: BenchPlan | None = None) -> 
     records: list[dict[str, Any]] = []
 
     def write(partial: bool) -> dict[str, Any]:
-        machine = machine_load.MachineLoad(os.cpu_count(), torch.get_num_threads(), load_before,
-                                           machine_load.load_average())
+        machine = machine_load.MachineLoad.since(clock, load_before, torch.get_num_threads())
         result = make_result(cfg, records, sampling.greedy, progress, machine, partial, bandwidth)
         result["drafter_memory"] = {m.name: m.memory for m in methods if m.memory}
         write_text_atomically(out_dir / "results.json", json.dumps(result, indent=1, default=str))

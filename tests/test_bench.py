@@ -6,6 +6,8 @@ never overwrites an earlier run silently, and says when it was not alone on the 
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ from transformers import PreTrainedTokenizerFast
 from drafters.early_exit import EarlyExitDrafter
 from drafters.ngram import NGramDrafter
 from specdraft import bench, bench_checks, models, theory
-from specdraft.machine_load import MachineLoad, load_warnings
+from specdraft.machine_load import CpuClock, MachineLoad, load_warnings, machine_busy_seconds, others_cores
 from specdraft.models import tiny_random_llama, tiny_random_target
 from specdraft.sampling import SamplingConfig
 from specdraft.stats import GenerationStats
@@ -219,7 +221,7 @@ def test_a_finished_run_is_complete_and_never_overwritten_silently(
     result = bench.run_bench(bench_cfg(word_tokenizer_dir, suite, "drafter=none"), out)
     assert result["partial"] is False and json.loads((out / "results.json").read_text())["partial"] is False
     assert result["progress"]["runs_done"] == 2 and {r["prompt"] for r in result["records"]} == {"p1", "p2"}
-    assert set(result["machine"]) == {"cpu_count", "threads", "load_before", "load_after", "warnings"}
+    assert set(result["machine"]) == {"cpu_count", "threads", "load_before", "load_after", "others_during", "warnings"}
     assert not list(out.glob(".*.tmp"))  # every write was renamed into place
     with pytest.raises(ValueError, match="already holds results.json, results.md from an earlier run; pass "
                                          "bench.overwrite=true"):
@@ -248,6 +250,42 @@ def test_competing_processes_are_reported_from_either_load_average() -> None:
     assert "before 2.00, after 2.50" in before[0] and "the bench ran 2 threads on 2 cores" in before[0]
     after = load_warnings(threads=2, cpu_count=2, load_before=0.0, load_after=3.9)  # another started later
     assert len(after) == 1 and "their load was about 1.9" in after[0]
+
+
+def test_a_measured_share_of_other_processes_decides_over_a_stale_load_average() -> None:
+    """The load average still holds the bench's own earlier work (a sweep after the per-prompt runs):
+    where the other processes' CPU time was measured, that decides."""
+    assert load_warnings(threads=2, cpu_count=2, load_before=2.0, load_after=2.0, others_during=0.05) == []
+    (warning,) = load_warnings(threads=2, cpu_count=2, load_before=0.0, load_after=2.0, others_during=0.9)
+    assert "their load was about 0.9 (measured: the machine's busy CPU time during the run minus the bench's own)" in warning
+
+
+def test_others_cores_is_the_machine_busy_time_not_spent_by_this_process(tmp_path: Path) -> None:
+    start = CpuClock(wall_s=10.0, machine_busy_s=100.0, own_s=5.0)
+    assert others_cores(start, CpuClock(14.0, 108.0, 11.0)) == pytest.approx(0.5)  # 8 busy s, 6 our own, in 4 s
+    assert others_cores(start, CpuClock(14.0, 106.0, 11.5)) == 0.0  # clock granularity: never below zero
+    assert others_cores(start, CpuClock(14.0, None, 11.0)) is None and others_cores(start, start) is None
+    clk = os.sysconf("SC_CLK_TCK")
+    stat = tmp_path / "stat"  # user nice system idle iowait irq softirq steal guest guest_nice
+    stat.write_text(f"cpu  {3 * clk} {clk} {clk} {50 * clk} {7 * clk} 0 {clk} {2 * clk} 0 0\ncpu0 1 2 3\n")
+    assert machine_busy_seconds(stat) == pytest.approx(8.0)  # idle and iowait are not busy; steal is
+    assert machine_busy_seconds(tmp_path / "missing") is None
+    stat.write_text("garbage\n")
+    assert machine_busy_seconds(stat) is None
+
+
+def test_this_process_cpu_time_is_its_own_not_another_process() -> None:
+    """Half a second of spinning here shows up in the own clock (whatever else the machine runs)."""
+    if machine_busy_seconds() is None:
+        pytest.skip("no /proc/stat on this platform")
+    start = CpuClock.now()
+    end = time.monotonic() + 0.5
+    while time.monotonic() < end:
+        pass
+    now = CpuClock.now()
+    assert now.own_s - start.own_s >= 0.3 and now.machine_busy_s >= start.machine_busy_s
+    others = others_cores(start, now)
+    assert others is not None and others >= 0.0
 
 
 def test_more_threads_than_cores_is_reported() -> None:
