@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 # The bench on the quick suite: the AR baseline, every drafter and the Hugging Face peers, side by
 # side on the same prompts (one prompt per category, 64 new tokens); prints the overall table.
 DEMO_ARGS := suite=quick bench.limit=1 max_new_tokens=64 bench.repetitions=1 bench.warmup=0 \
-	bench.drafters=[ngram,draft_model,quantized,early_exit,medusa,medusa_recurrent] \
+	bench.drafters=[ngram,draft_model,quantized,early_exit,medusa,medusa_recurrent,eagle,suffix] \
 	bench.peers=[hf_generate,hf_prompt_lookup,hf_assisted,hf_early_exit] \
 	bench.hf_prompt_lookup_num_tokens=[5] bench.overwrite=true hydra.run.dir=outputs/demo
 
