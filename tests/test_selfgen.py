@@ -197,6 +197,7 @@ def test_selfgen_writes_deduplicated_conversations_split_by_conversation(scripte
     assert {r["mode"] for r in records} == {"greedy", "sample"} and max(r["turn"] for r in records) == 2
     assert len({r["system"] for r in firsts}) > 1
     assert report["answer_tokens"] == sum(len(r["completion_ids"]) for r in records) >= SMALL.token_budget
+    assert {r["writer_dtype"] for r in records} == {scripted.dtype}
     assert len({(r["conversation"], r["turn"]) for r in records}) >= SMALL.min_prompts
 
 
@@ -249,7 +250,9 @@ def test_diversity_report_counts_prompts_and_rejections() -> None:
              "completion_ids": [2] * 40},
             {"conversation": "c1", "turn": 1, "mode": "sample", "kind": "magpie", "source": "magpie",
              "split": "train", "prompt": "How do I start running?", "prompt_ids": [1] * 20,
-             "completion_ids": [2] * 30}]
+             "completion_ids": [2] * 30, "writer_dtype": "bfloat16"}]
     rep = diversity_report(recs, {"user_turn_1:unfinished": 3})
+    # the writer's dtype is reported by answer token; records from before the field were float32 writes
+    assert rep["answer_tokens_by_writer_dtype"] == {"float32": 40, "bfloat16": 30}
     assert rep["distinct_prompts"] == 1 and rep["answers"] == 2 and rep["answer_tokens"] == 70
     assert rep["answers_by_mode"] == {"greedy": 1, "sample": 1} and rep["rejected"] == {"user_turn_1:unfinished": 3}

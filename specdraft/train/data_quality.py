@@ -113,6 +113,9 @@ def diversity_report(records: list[Mapping[str, Any]], rejected: Mapping[str, in
         "prompts_by_turn": dict(sorted(Counter(str(r["turn"]) for r in prompts.values()).items())),
         "conversations_by_kind": dict(Counter(r["kind"] for r in firsts).most_common()),
         "conversations_by_source": dict(Counter(r["source"] for r in firsts).most_common()),
+        # records written before the field existed were all written by the float32 target
+        "answer_tokens_by_writer_dtype": dict(Counter(
+            d for r in records for d in [r.get("writer_dtype", "float32")] for _ in r["completion_ids"])),
         "answer_tokens_by_split": {s: sum(len(r["completion_ids"]) for r in records if r["split"] == s)
                                    for s in sorted({r["split"] for r in records})},
         "prompt_tokens_histogram": histogram(len(r["prompt_ids"]) for r in prompts.values()),
@@ -130,7 +133,7 @@ def report_markdown(report: Mapping[str, Any]) -> str:
                 "answers", "answers_cut_at_a_loop", "answer_tokens"):
         lines.append(f"| {key.replace('_', ' ')} | {report[key]} |")
     for key in ("answers_by_mode", "prompts_by_turn", "conversations_by_kind", "conversations_by_source",
-                "answer_tokens_by_split", "prompt_tokens_histogram", "answer_tokens_histogram", "rejected"):
+                "answer_tokens_by_split", "answer_tokens_by_writer_dtype", "prompt_tokens_histogram", "answer_tokens_histogram", "rejected"):
         value = ", ".join(f"{k}: {v}" for k, v in report[key].items()) or "-"
         lines.append(f"| {key.replace('_', ' ')} | {value} |")
     lines.append("| top leading 3-grams | " + ", ".join(f"{g!r}: {c}" for g, c in report["top_leading_3grams"]) + " |")

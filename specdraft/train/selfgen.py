@@ -19,7 +19,7 @@ users'. With no dataset at hand, the target makes both halves:
 
 Output (`out_dir`): `shards/shard-NNNNN.jsonl.gz` (gzipped; one record per answer: {"id", "conversation",
 "turn", "mode", "split", "kind", "source", "system", "messages", "prompt", "prompt_ids",
-"completion", "completion_ids", "finished", "truncated"}) and `shard-NNNNN.json` (its counts), written
+"completion", "completion_ids", "finished", "truncated", "writer_dtype"}) and `shard-NNNNN.json` (its counts), written
 atomically per shard; `report.json` / `report.md`, the diversity report. A run stops at the shard
 that reaches both `token_budget` answer tokens and `min_prompts` answered user turns (or at
 `max_minutes`); rerun with `overwrite=true` to resume:
@@ -91,12 +91,15 @@ Generate = Callable[[Sequence[Sequence[int]], Decoding, int], list[tuple[list[in
 
 @dataclass(frozen=True)
 class Writer:
-    """What writes the text: the tokenizer, the end-of-turn ids and a batched `generate(prompts,
-    decoding, seed)` -> per prompt (new ids up to and including the first stop id, whether it stopped)."""
+    """What writes the text: the tokenizer, the end-of-turn ids, a batched `generate(prompts,
+    decoding, seed)` -> per prompt (new ids up to and including the first stop id, whether it stopped)
+    and the dtype the target wrote in (recorded with every answer: "bfloat16" writes faster where the
+    CPU multiplies bfloat16 natively, and its greedy tokens differ from float32's at a few positions)."""
 
     tokenizer: Any
     stop_ids: Sequence[int]
     generate: Generate
+    dtype: str = "float32"
 
 
 def batched(target: TargetModel, batch_size: int, batch_tokens: int) -> Generate:
@@ -309,7 +312,7 @@ def write_shard(writer: Writer, convs: list[Conversation], index: DuplicateIndex
                 "mode": mode, "split": split_of(c.id, s.eval_fraction), "kind": c.kind, "source": c.source,
                 "system": c.system, "messages": asked[i], "prompt": asked[i][-1]["content"],
                 "prompt_ids": prompts[i], "completion": text, "completion_ids": ids, "finished": done,
-                "truncated": truncated,
+                "truncated": truncated, "writer_dtype": writer.dtype,
             })
             if mode == "greedy" and truncated:
                 ended.add(i)  # a chat does not go on from a cut answer
@@ -372,7 +375,8 @@ def run_selfgen(target: str | TargetModel = "smollm2-135m", *, out_dir: str | Pa
     pools = fixed_pools(s.sources, s.seed)
     if writer is None:
         target = load_target(target, device="cpu") if isinstance(target, str) else target
-        writer = Writer(target.tokenizer, target.eos_token_ids, batched(target, s.batch_size, s.batch_tokens))
+        dtype = str(next(target.model.parameters()).dtype).removeprefix("torch.")
+        writer = Writer(target.tokenizer, target.eos_token_ids, batched(target, s.batch_size, s.batch_tokens), dtype)
     from tqdm import tqdm
 
     bar = tqdm(total=s.token_budget, initial=min(tokens, s.token_budget), unit="tok", desc="selfgen",
