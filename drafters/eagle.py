@@ -161,10 +161,15 @@ class EagleDrafter:
         if new.shape[1]:
             self._pending = new if self._pending is None else torch.cat([self._pending, new], dim=1)
 
-    def _rope(self, start: int, n: int, like: Tensor) -> tuple[Tensor, Tensor]:
+    def _rope(self, positions: Tensor, like: Tensor) -> tuple[Tensor, Tensor]:
+        """The target's rotary (cos, sin) at `positions` [1, n], in `like`'s dtype: the head's layer
+        rotates as the target's layers do."""
         assert self._target is not None
-        positions = torch.arange(start, start + n, device=like.device)[None]  # [1, n]
-        return self._target.model.base_model.rotary_emb(like, position_ids=positions)
+        return self._target.model.base_model.rotary_emb(like, position_ids=positions.to(like.device))
+
+    @staticmethod
+    def _span(start: int, n: int) -> Tensor:
+        return torch.arange(start, start + n)[None]  # [1, n]: n consecutive positions
 
     def _feed_verified(self, ctx: DraftContext) -> tuple[Tensor, Tensor]:
         """Feed every pending verified pair (features, the token after each) to the head; returns
@@ -178,7 +183,7 @@ class EagleDrafter:
         tokens = ctx.token_ids[:, self._fed + 1 : self._fed + 1 + n]  # [1, n] x_{j+1}
         hidden = head.fuse(self._pending.to(head.fc.weight.dtype))  # [1, n, H]
         embeds = target.model.get_input_embeddings()(tokens)  # [1, n, H]
-        logits, out, self._cache = head(embeds, hidden, self._rope(self._fed, n, embeds), self._cache)
+        logits, out, self._cache = head(embeds, hidden, self._rope(self._span(self._fed, n), embeds), self._cache)
         self._fed += n
         self._pending = None
         self._last = (logits[:, -1].float(), out[:, -1:])
@@ -198,7 +203,7 @@ class EagleDrafter:
             tokens = feed[:, -1:]  # the drafted token, with the head's own output before it
             embeds = target.model.get_input_embeddings()(tokens)  # [1, 1, H]
             start = self._cache.length if self._cache is not None else 0
-            logits, out, self._cache = head(embeds, state["out"], self._rope(start, 1, embeds), self._cache)
+            logits, out, self._cache = head(embeds, state["out"], self._rope(self._span(start, 1), embeds), self._cache)
             state["out"] = out[:, -1:]
             return logits[:, -1].float()  # [1, M]
 
@@ -229,8 +234,7 @@ class EagleDrafter:
             hidden = torch.cat([outputs[parents[n]] for n in nodes], dim=0)[None]  # [1, f, H]
             ids = tokens if self.vocab is None else self.vocab.to_target(tokens)
             embeds = embed(ids[None])  # [1, f, H]
-            positions = torch.full((1, len(nodes)), self._fed + level, device=embeds.device)  # depth d at fed + d
-            cos_sin = target.model.base_model.rotary_emb(embeds, position_ids=positions)
+            cos_sin = self._rope(torch.full((1, len(nodes)), self._fed + level), embeds)  # depth d at fed + d
             mask = expansion_mask(self._fed, length, paths, embeds.dtype).to(embeds.device)  # [f, L + f]
             logits, out, self._cache = head(embeds, hidden, cos_sin, self._cache, mask)
             for r, node in enumerate(nodes):

@@ -217,6 +217,16 @@ def test_unrolled_training_steps_are_what_the_drafter_computes(tmp_path, monkeyp
             torch.testing.assert_close(draft.probs[0, s], torch.softmax(logits[s][j].float(), -1), rtol=1e-3, atol=1e-4)
 
 
+def test_chain_acceptance_counts_leading_right_steps_by_hand() -> None:
+    from specdraft.train.eagle import chain_acceptance
+
+    right = torch.tensor([[1, 1, 0], [1, 0, 1], [0, 1, 1], [1, 1, 1]], dtype=torch.bool)  # [A=4, S=3]
+    per_position, expected = chain_acceptance(right)
+    # step 0 right for 3 of 4; step 1 for 2 of those 3; step 2 for 1 of those 2; accepted 2, 1, 0, 3
+    assert per_position == pytest.approx([3 / 4, 2 / 3, 1 / 2]) and expected == pytest.approx(6 / 4)
+    assert chain_acceptance(torch.zeros((0, 3), dtype=torch.bool)) == ([0.0, 0.0, 0.0], 0.0)
+
+
 def test_training_raises_held_out_acceptance(tmp_path) -> None:  # noqa: ANN001
     from omegaconf import OmegaConf
 

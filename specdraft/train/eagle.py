@@ -47,6 +47,7 @@ from specdraft.train.loop import TrainSettings, recipe_settings
 from specdraft.train.loop import train as train_loop
 from specdraft.outputs import prepare_output_dir
 from specdraft.train.shard_cache import Sequences, cached_shards
+from specdraft.verify import leading_true
 from specdraft.vocab import PrunedVocab, build_pruned_vocab
 
 
@@ -162,6 +163,16 @@ def windows(seqs: Sequence[FeatureSeq], window: int) -> list[tuple[int, int, int
     return out
 
 
+def chain_acceptance(right: Tensor) -> tuple[list[float], float]:
+    """From right [A, S] (step s of the chain from anchor a drafts the target's choice): per step s,
+    P(step s right | steps before it right), and the mean number of drafts a chain of S accepts."""
+    accepted = leading_true(right)  # [A] the accepted prefix of each anchor's chain
+    depth = torch.arange(right.shape[1] + 1)  # [S + 1]
+    reaching = (accepted[:, None] >= depth[None]).sum(0).double()  # [S + 1] anchors whose first s steps are right
+    per_position = (reaching[1:] / reaching[:-1].clamp(min=1)).tolist()
+    return per_position, float(accepted.double().mean()) if len(accepted) else 0.0
+
+
 @torch.no_grad()
 def evaluate(head: EagleHead, embed: nn.Module, rotary: nn.Module, seqs: Sequence[FeatureSeq], window: int,
              steps: int, vocab: PrunedVocab) -> dict[str, Any]:
@@ -174,11 +185,9 @@ def evaluate(head: EagleHead, embed: nn.Module, rotary: nn.Module, seqs: Sequenc
         keep = valid.all(dim=1)  # anchors whose whole chain is on answer positions
         right_all.append(right[keep])
     right = torch.cat(right_all) if right_all else torch.zeros((0, steps), dtype=torch.bool)
-    chain = right.long().cumprod(dim=1).double()  # [A, S] steps 0..s all right
-    reached = torch.cat([torch.ones(chain.shape[0], 1, dtype=torch.double), chain[:, :-1]], dim=1)
-    per_position = (chain.sum(0) / reached.sum(0).clamp(min=1)).tolist()
+    per_position, expected = chain_acceptance(right)
     return {"anchors": int(right.shape[0]), "acceptance_per_position": [round(x, 4) for x in per_position],
-            "expected_accepted_length": round(float(chain.sum(1).mean()) if len(chain) else 0.0, 4),
+            "expected_accepted_length": round(expected, 4),
             "top1_per_step": [round(float(x), 4) for x in right.double().mean(0).tolist()] if len(right) else []}
 
 
