@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -35,6 +34,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from drafters.ngram import NGramDrafter
+from specdraft.cpu_info import cpu_description
 from specdraft.decode import SpeculativeDecoder
 from specdraft.models import load_target
 from specdraft.suites import load_suite
@@ -86,17 +86,6 @@ def make_decoder(target: TargetModel, drafter: str, num_draft_tokens: int | str)
     if drafter == "ar":
         return SpeculativeDecoder(target, None)
     return SpeculativeDecoder(target, NGramDrafter(), num_draft_tokens=num_draft_tokens)
-
-
-def cpu_name() -> str:
-    """The CPU model from /proc/cpuinfo (or the platform's name elsewhere)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def rss_child(args: argparse.Namespace) -> None:
@@ -214,7 +203,7 @@ def main() -> None:
             results[(*key, length)] = decode_once(decoder, prompts[length], args.new_tokens)
             print(f"  {key[0]} {key[1]} {length}: {results[(*key, length)].tok_s:.1f} tok/s", file=sys.stderr, flush=True)
 
-    print(f"target {args.target}, CPU {cpu_name()}, torch {torch.__version__}, threads "
+    print(f"target {args.target}, CPU {cpu_description()}, torch {torch.__version__}, threads "
           f"{torch.get_num_threads()}, {args.new_tokens} new tokens per generation, greedy, n-gram "
           f"num_draft_tokens={args.num_draft_tokens}")
     print("\nDecode tok/s (prefill excluded) by context length; n-gram tokens per round in brackets:\n")

@@ -801,7 +801,10 @@ def render_markdown(result: dict[str, Any]) -> str:
         p = result["progress"]
         lines.append(f"**PARTIAL:** {p['prompts_done']} of {p['prompts_total']} prompts complete "
                      f"({p['runs_done']} of {p['runs_total']} runs); the tables hold the complete prompts only.\n")
-    for warning in result.get("machine", {}).get("warnings", []):
+    machine = result.get("machine", {})
+    if "cpu" in machine:
+        lines.append(f"Machine: {machine['cpu']}, {machine['threads']} torch threads on {machine['cpu_count']} cores.\n")
+    for warning in machine.get("warnings", []):
         lines.append(f"**warning:** {warning}\n")
     if not result["summary"]:
         lines.append("No prompt completed.\n")

@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from specdraft.cpu_info import cpu_description
+
 BUSY_LOAD = 0.5  # other processes' 1-minute load below this is noise (shells, monitors)
 
 
@@ -62,19 +64,22 @@ def others_cores(start: CpuClock, end: CpuClock) -> float | None:
 @dataclass(frozen=True)
 class MachineLoad:
     """What the bench saw of the machine: its cores, its torch threads, the 1/5/15-minute load
-    averages before and after the run (None where the platform has no load average) and the cores
-    other processes kept busy while it ran (`others_cores`; None where not measurable)."""
+    averages before and after the run (None where the platform has no load average), the cores
+    other processes kept busy while it ran (`others_cores`; None where not measurable) and the CPU
+    (`specdraft.cpu_info.cpu_description`: model and vector instructions)."""
 
     cpu_count: int | None
     threads: int
     load_before: tuple[float, float, float] | None
     load_after: tuple[float, float, float] | None
     others_during: float | None = None
+    cpu: str = "unknown CPU"
 
     @classmethod
     def since(cls, start: CpuClock, load_before: tuple[float, float, float] | None, threads: int) -> MachineLoad:
         """The machine from `start` (with the load average read then) until now."""
-        return cls(os.cpu_count(), threads, load_before, load_average(), others_cores(start, CpuClock.now()))
+        return cls(os.cpu_count(), threads, load_before, load_average(), others_cores(start, CpuClock.now()),
+                   cpu_description())
 
     def warnings(self) -> list[str]:
         """`load_warnings` of the measured share of other processes, else of the 1-minute averages."""
