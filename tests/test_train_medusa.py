@@ -20,7 +20,9 @@ from specdraft.models import tiny_random_target
 from specdraft.protocol import DraftContext
 from specdraft.sampling import SamplingConfig
 from specdraft.target import TargetModel
-from specdraft.train.medusa import concat, evaluate, head_losses, precompute, train, use_bf16
+from specdraft.train.medusa import (
+    batch_positions, concat, evaluate, head_losses, oversampled, precompute, train, use_bf16,
+)
 from specdraft.train.shard_cache import cached_shards
 from specdraft.vocab import VOCAB_FILE, build_pruned_vocab
 from tests.helpers import load_script
@@ -120,13 +122,30 @@ def test_training_lowers_every_head_loss_and_reloads(tmp_path: Path, loss: str) 
     assert (out / "adapter_config.json").is_file() and (out / "adapter_model.safetensors").is_file()
     assert (out / "README.md").read_text().startswith("# 3 Medusa heads, PEFT adapter")  # not PEFT's card
     reloaded = load_heads(out, target.lm_head.weight)
-    hidden = data.hidden[:20]
+    hidden = data.states(torch.arange(20))
     with torch.no_grad():
         assert torch.equal(reloaded(hidden), model(hidden))
     drafter = MedusaDrafter(heads=str(out), tree=None)  # no accuracy.json to grow a tree from
     drafter.bind(target)
     with torch.no_grad():
         assert torch.allclose(drafter.head_logits(hidden), model(hidden), atol=1e-5)
+
+
+def test_oversampling_by_index_draws_what_copies_would(tmp_path: Path) -> None:
+    """Listing a set's inputs twice over one copy of its states gives every batch the same states,
+    labels and path tokens as concatenating two copies of it (what the recipe did before)."""
+    target = tiny_random_target(vocab_size=16, seed=1, hidden_size=32)
+    a = precompute(target, greedy_sequences(target, 6, 20), tmp_path / "a", "a", 100)
+    b = precompute(target, greedy_sequences(target, 3, 20), tmp_path / "b", "b", 100)
+    copies = concat([a, a, b])
+    once, inputs = oversampled({"a": a, "b": b}, {"a": 2}, num_heads=3)
+    assert len(once.choice) == len(a.choice) + len(b.choice) and once.hidden.dtype == torch.float16
+    assert len(inputs) == len(copies.inputs(3))
+    for step in range(5):
+        new, old = batch_positions(inputs, step, 64, 0), batch_positions(copies.inputs(3), step, 64, 0)
+        assert torch.equal(once.states(new), copies.states(old))
+        assert torch.equal(once.labels(new, 3), copies.labels(old, 3))
+        assert torch.equal(once.path_tokens(new, 3), copies.path_tokens(old, 3))
 
 
 def test_training_resumes_from_checkpoint(tmp_path: Path) -> None:
@@ -187,7 +206,7 @@ def test_pruned_vocab_training_and_drafter(tmp_path: Path) -> None:
     vocab.save(out / VOCAB_FILE)
     drafter = MedusaDrafter(heads=str(out), tree=None)  # pruned_vocab "auto": the file saved with the heads
     drafter.bind(target)
-    hidden = data.hidden[:6]
+    hidden = data.states(torch.arange(6))
     full = drafter.head_logits(hidden)  # [6, K, 10]
     assert full.shape == (6, 3, 10)
     ctx = DraftContext(torch.tensor([[1]]), hidden[:1], SamplingConfig(temperature=1.0), torch.Generator())
@@ -226,7 +245,7 @@ def test_recurrent_heads_train_save_in_float16_and_draft(tmp_path: Path) -> None
     assert any(".inputs." in k for k in stored)
     embed = target.model.get_input_embeddings().weight
     reloaded = load_heads(out, target.lm_head.weight, embed)
-    hidden, tokens = data.hidden[:20], data.path_tokens(torch.arange(20), 3)
+    hidden, tokens = data.states(torch.arange(20)), data.path_tokens(torch.arange(20), 3)
     with torch.no_grad():
         assert torch.allclose(reloaded(hidden, tokens), model(hidden, tokens), atol=1e-2)
     with pytest.raises(ValueError, match="embed"):

@@ -65,7 +65,8 @@ TOPK_STATS = 10  # accuracy of each head's rank-0..9 candidates (chooses the tre
 class HiddenSet:
     """Cached target states of many sequences, concatenated.
 
-    hidden: [N, H] post-norm last-layer hidden state of every position (float16 on disk).
+    hidden: [N, H] float16 post-norm last-layer hidden state of every position, as cached (float16
+        halves the memory of a million-position set; `states` hands out float32 rows).
     choice: [N] int64 target's greedy next token a_t = argmax lm_head(h_t).
     end: [N] int64 end (exclusive) of the sequence that position t belongs to.
     use: [N] bool whether position t is a training/eval input (e.g. completion positions only).
@@ -77,6 +78,10 @@ class HiddenSet:
     end: Tensor
     use: Tensor
     ids: Tensor
+
+    def states(self, idx: Tensor) -> Tensor:
+        """float32 hidden states [M, H] of positions idx [M] (float16 -> float32 is exact)."""
+        return self.hidden[idx].float()
 
     def _ahead(self, idx: Tensor, num_heads: int) -> tuple[Tensor, Tensor]:
         """(positions t + k + 1 of head k at positions idx [M], clamped to the data [M, K];
@@ -112,7 +117,7 @@ def precompute(
     resumable shards (`specdraft.train.shard_cache`)."""
     parts = cached_shards(sequences, cache_dir, name, lambda shard: _states(target, shard), shard_tokens)
     return HiddenSet(
-        hidden=torch.cat([p["hidden"] for p in parts]).float(),
+        hidden=torch.cat([p["hidden"] for p in parts]).half(),
         choice=torch.cat([p["choice"] for p in parts]).long(),
         end=torch.cat(_ends(parts)),
         use=torch.cat([p["use"] for p in parts]),
@@ -233,7 +238,7 @@ def head_losses(heads: CompiledHeads, data: HiddenSet, idx: Tensor, loss: str) -
     num_heads = len(heads.blocks)
     labels = labels_on(heads.vocab, data.labels(idx, num_heads))  # [M, K]
     tokens = data.path_tokens(idx, num_heads) if heads.recurrent else None  # [M, K]
-    logits = heads(data.hidden[idx], tokens)  # [M, K, V']
+    logits = heads(data.states(idx), tokens)  # [M, K, V']
     out = []
     for k in range(num_heads):
         lk = logits[:, k].float()  # [M, V']
@@ -244,7 +249,7 @@ def head_losses(heads: CompiledHeads, data: HiddenSet, idx: Tensor, loss: str) -
         with torch.no_grad():  # teacher: the target's own distribution at t+k+1 (on the pruned vocabulary)
             w = heads.weights[0].detach()
             w = w if heads.vocab is None else heads.vocab.head(w)
-            teacher = F.log_softmax(F.linear(data.hidden[idx[valid] + k + 1], w).float(), dim=-1)
+            teacher = F.log_softmax(F.linear(data.states(idx[valid] + k + 1), w).float(), dim=-1)
         student = F.log_softmax(lk[valid], dim=-1)
         out.append(F.kl_div(student, teacher, log_target=True, reduction="batchmean"))
     return torch.stack(out)
@@ -268,7 +273,7 @@ def evaluate(model: torch.nn.Module, data: HiddenSet, num_heads: int, max_positi
         target_ids = data.labels(b, num_heads)  # [M, K]
         labels = labels_on(vocab, target_ids)
         tokens = data.path_tokens(b, num_heads) if heads.recurrent else None  # [M, K]
-        top = heads(data.hidden[b], tokens).topk(TOPK_STATS, dim=-1).indices  # [M, K, 10]
+        top = heads(data.states(b), tokens).topk(TOPK_STATS, dim=-1).indices  # [M, K, 10]
         match = (top == labels[..., None]) & (labels[..., None] >= 0)  # [M, K, 10]
         hits += match.float().sum(0)
         counts += (target_ids >= 0).float().sum(0)
@@ -314,18 +319,19 @@ def build_heads(cfg: DictConfig, target: TargetModel) -> nn.Module:
 
 def train(cfg: DictConfig, target: TargetModel, train_set: HiddenSet,
           eval_sets: dict[str, HiddenSet], ckpt_path: Path | None,
-          vocab: PrunedVocab | None = None) -> tuple[torch.nn.Module, dict[str, Any]]:
+          vocab: PrunedVocab | None = None, inputs: Tensor | None = None) -> tuple[torch.nn.Module, dict[str, Any]]:
     """Train heads through `specdraft.train.loop.train` (resumable from ckpt_path unless
     cfg.resume is false); returns the PEFT model and a log of what happened.
 
     vocab: the pruned vocabulary the heads project onto (None = the whole vocabulary).
+    inputs: the positions [P] batches are drawn from (`oversampled`; None = train_set's inputs).
     """
     settings = TrainSettings.from_config(cfg.train)
     model = build_heads(cfg, target)
     fast = CompiledHeads(model, vocab)  # the same parameters, projected onto the pruned vocabulary only
     if ckpt_path is not None and not cfg.resume:
         Path(ckpt_path).unlink(missing_ok=True)  # start over (and checkpoint anew)
-    inputs = train_set.inputs(cfg.num_heads)
+    inputs = train_set.inputs(cfg.num_heads) if inputs is None else inputs
     objective = cfg.heads_loss
     bf16 = use_bf16(cfg.bf16)
     weights = torch.tensor([objective.decay**k for k in range(cfg.num_heads)])
@@ -394,6 +400,18 @@ def concat(sets: Sequence[HiddenSet]) -> HiddenSet:
     )
 
 
+def oversampled(sets: Mapping[str, HiddenSet], repeat: Mapping[str, int], num_heads: int) -> tuple[HiddenSet, Tensor]:
+    """The sets concatenated once, and the training input positions [P] with set `name`'s listed
+    repeat[name] times (default once): a uniform draw from them oversamples that set as copies
+    of it would, without copying its hidden states."""
+    data = concat(list(sets.values()))
+    inputs, offset = [], 0
+    for name, ds in sets.items():
+        inputs += [ds.inputs(num_heads) + offset] * repeat.get(name, 1)
+        offset += len(ds.choice)
+    return data, torch.cat(inputs)
+
+
 def run(cfg: DictConfig, target: TargetModel | None = None) -> dict:
     """Precompute and/or train as cfg.stage says; returns the evaluation results. The output folder
     is checked before `target` (default: cfg.target, instantiated here) loads."""
@@ -413,14 +431,14 @@ def run(cfg: DictConfig, target: TargetModel | None = None) -> dict:
     if cfg.stage == "precompute":
         return {}
     repeat = {"selfgen": int(cfg.data.selfgen_repeat)}  # oversample the target's own generations
-    train_set = concat([ds for name, ds in trains.items() for _ in range(repeat.get(name, 1))])
+    train_set, inputs = oversampled(trains, repeat, cfg.num_heads)
     out_dir = Path(cfg.out_dir)
     vocab = None
-    if cfg.pruned_vocab > 0:  # the most frequent target choices (+ EOS) of the training data
-        vocab = build_pruned_vocab(train_set.choice, cfg.pruned_vocab, target.vocab_size,
-                                   always_include=target.eos_token_ids)
+    if cfg.pruned_vocab > 0:  # the most frequent target choices (+ EOS) of the training data, as oversampled
+        choices = torch.cat([ds.choice for name, ds in trains.items() for _ in range(repeat.get(name, 1))])
+        vocab = build_pruned_vocab(choices, cfg.pruned_vocab, target.vocab_size, always_include=target.eos_token_ids)
         vocab.save(out_dir / VOCAB_FILE)
-    model, log = train(cfg, target, train_set, evals, Path(cfg.checkpoint), vocab)
+    model, log = train(cfg, target, train_set, evals, Path(cfg.checkpoint), vocab, inputs)
     results = {name: evaluate(model, ds, cfg.num_heads, cfg.eval_positions, vocab)
                for name, ds in evals.items()}
     if vocab is not None:
