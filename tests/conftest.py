@@ -1,7 +1,8 @@
 """Fixtures: tiny random targets (milliseconds) and the real default target (session-scoped, slow).
 
 Tests that are not marked `slow` run with ONE torch thread: tiny models are dominated by thread
-synchronisation, which on a loaded 2-core machine makes them ~50x slower with 2 threads.
+synchronisation, which on a loaded 2-core machine makes them ~50x slower with 2 threads. Under
+`make test` (pytest-xdist, a worker per core) every test gets one thread, so workers do not compete.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ os.environ.setdefault("SPECDRAFT_CACHE_DIR", tempfile.mkdtemp(prefix="specdraft-
 @pytest.fixture(autouse=True)
 def _threads_for_test(request: pytest.FixtureRequest) -> Iterator[None]:
     before = torch.get_num_threads()
-    if request.node.get_closest_marker("slow") is None:
+    parallel = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1  # `make test`: a worker per core
+    if parallel or request.node.get_closest_marker("slow") is None:
         torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
