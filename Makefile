@@ -27,7 +27,7 @@ demo: $(STAMP)
 	$(VENV)/bin/specdraft-bench $(DEMO_ARGS)
 
 # One pytest worker per core of the 2-core machines this runs on (tests/conftest.py then gives each test one torch
-# thread): the suite is many small single-threaded tests and subprocess start-ups, so two workers halve its time.
+# thread): the suite is mostly small single-threaded tests and subprocess start-ups, which two workers overlap.
 TEST_WORKERS ?= 2
 
 test: $(STAMP)

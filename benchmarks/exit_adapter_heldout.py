@@ -18,15 +18,16 @@ import argparse
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
 from drafters.early_exit import resolve_adapter
-from specdraft.formats.exit_adapter import load_adapter
+from specdraft.formats.exit_adapter import check_adapter_target, load_adapter
 from specdraft.formats.target_info import guard_cache
 from specdraft.models import load_target
 from specdraft.train.early_exit import agreement, load_blocks, precompute_teacher
 from specdraft.vocab import AUTO, resolve_pruned_vocab
 
-BLOCK_SIZE, TOP_K = 256, 32  # as conf/train_early_exit.yaml
+RECIPE = Path(__file__).resolve().parents[1] / "conf" / "train_early_exit.yaml"  # block_size, top_k of the recipe
 
 
 def main() -> None:
@@ -40,12 +41,14 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
+    recipe = OmegaConf.load(RECIPE)
     target = load_target("smollm2-135m")
     guard_cache(args.cache_dir, target, "--cache-dir")
     sets = {}
     for name, sources in (("selfgen", ["selfgen"]), ("stdlib+pydoc", ["stdlib", "pydoc"])):
-        blocks = load_blocks(target.tokenizer, "eval", args.eval_tokens, sources, BLOCK_SIZE, args.selfgen_path)  # [N, T]
-        sets[name] = precompute_teacher(target, blocks, args.exit_layer, TOP_K,
+        blocks = load_blocks(target.tokenizer, "eval", args.eval_tokens, sources, recipe.block_size,
+                             args.selfgen_path)  # [N, T]
+        sets[name] = precompute_teacher(target, blocks, args.exit_layer, recipe.top_k,
                                         args.cache_dir / f"E{args.exit_layer}_{name}_{args.eval_tokens}", with_prev=True)
     print("held-out tokens: " + ", ".join(f"{n} {s['hidden'].shape[0]}" for n, s in sets.items()))
     print("| adapter | " + " | ".join(f"{n}: top-1 / top-5 / chained top-1" for n in sets) + " |")
@@ -53,6 +56,7 @@ def main() -> None:
     for name in args.adapters:
         path = resolve_adapter(name)
         adapter, meta = load_adapter(path)
+        check_adapter_target(path, meta, target)
         if int(meta["exit_layer"]) != args.exit_layer:
             raise ValueError(f"adapter {name!r} exits after layer {meta['exit_layer']}, not --exit-layer {args.exit_layer}.")
         vocab = resolve_pruned_vocab(AUTO, path, target.vocab_size)  # the one saved with the adapter, if any

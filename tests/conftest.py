@@ -22,13 +22,14 @@ from specdraft.target import TargetModel
 # Measured verify-cost curves (specdraft/costs.py) go to a throwaway directory, not the user's cache;
 # subprocess CLI tests inherit it.
 os.environ.setdefault("SPECDRAFT_CACHE_DIR", tempfile.mkdtemp(prefix="specdraft-test-cache-"))
+# `make test` runs a pytest-xdist worker per core: then every test gets one torch thread.
+PARALLEL = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1
 
 
 @pytest.fixture(autouse=True)
 def _threads_for_test(request: pytest.FixtureRequest) -> Iterator[None]:
     before = torch.get_num_threads()
-    parallel = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1  # `make test`: a worker per core
-    if parallel or request.node.get_closest_marker("slow") is None:
+    if PARALLEL or request.node.get_closest_marker("slow") is None:
         torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
