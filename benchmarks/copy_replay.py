@@ -11,6 +11,13 @@ verify cost), not wall-clock ones: they show how many rounds each drafter saves,
 `ceiling` is an oracle that knows the true output: each round it copies, from any earlier occurrence of the
 newest token in this request or any earlier output, the continuation that agrees longest with the truth. No
 drafter that copies what it has seen can save more rounds.
+
+`recycling` rows replay Token Recycling (Luo et al., 2024): an adjacency table {token: the target's top-k
+next tokens the last time that token was an input}, filled from every position the target kept (prompt and
+output, teacher-forced once per record and cached next to the outputs: the same ids the verify forward would hand
+over) and kept across requests; the chain follows the top-1 entries, the tree expands the top entries breadth
+first (widths per depth) up to a node budget. Measured to see whether the target's own earlier predictions are a
+second source worth building into a drafter (they are not on this target: RESULTS "Suffix decoding").
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import json
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -55,6 +62,87 @@ def record_outputs(suites: list[str], max_new: int) -> list[dict[str, Any]]:
                             "prompt": ids, "output": new})
                 answers.append(answer_text(Run(0.0, new), visible_text(tok), tok, max_new))
     return out
+
+
+def target_topk(records: list[dict[str, Any]], k: int, path: Path) -> list[torch.Tensor]:
+    """Per record [T, k] int64: the target's top-k next tokens after every position of prompt + output
+    (one teacher-forced forward each; row p predicts token p + 1), cached in `path`."""
+    if path.is_file():
+        return torch.load(path)
+    target = load_target("smollm2-135m", device="cpu")
+    tops = []
+    with torch.inference_mode():
+        for r in records:
+            target.reset()
+            hidden = target.forward(torch.tensor([r["prompt"] + r["output"]]), num_logits=0).hidden[0]  # [T, H]
+            tops.append(torch.cat([target.logits(h).topk(k, dim=-1).indices for h in hidden.split(256)]))
+    torch.save(tops, path)
+    return tops
+
+
+class RecyclingReplay:
+    """Token Recycling over recorded top-k (module docstring), optionally after an n-gram copy: with
+    `ngram`, a round whose n-gram lookup finds a match drafts the copy (a chain then extends it from the
+    table); only a round without one drafts from the table. `tree_widths` None = a chain."""
+
+    needs_target_hidden: ClassVar[bool] = False
+    feature_layers: tuple[int, ...] = ()
+    hf_counterpart: ClassVar[str | None] = None
+    verify_curve_tokens: ClassVar[int] = 0
+    sizes_own_drafts: ClassVar[bool] = False
+    batched: ClassVar[bool] = False
+
+    def __init__(self, tops: list[torch.Tensor], ngram: bool, tree_widths: tuple[int, ...] | None = None) -> None:
+        self.tops, self.tree_widths = tops, tree_widths
+        self.ngram = NGramDrafter() if ngram else None
+        self.table: dict[int, list[int]] = {}  # token -> the target's top-k after its latest kept occurrence
+        self.record, self.seen = -1, 0  # record being replayed (replay resets once per record, in order)
+
+    def bind(self, target: TargetModel) -> None:
+        if self.ngram is not None:
+            self.ngram.bind(target)
+
+    def reset(self) -> None:
+        self.record, self.seen = self.record + 1, 0
+        if self.ngram is not None:
+            self.ngram.reset()
+
+    def learn(self, token_ids: torch.Tensor, prompt_len: int) -> dict[str, Any]:
+        return {}
+
+    def keep_rows(self, rows: Any) -> None:
+        pass
+
+    def commit(self, ctx: DraftContext, num_accepted: Any) -> None:
+        if self.ngram is not None:
+            self.ngram.commit(ctx, num_accepted)
+
+    def propose(self, ctx: DraftContext, num_tokens: int) -> Draft:
+        toks = ctx.token_ids[0].tolist()
+        top = self.tops[self.record]
+        for p in range(self.seen, len(toks) - 1):  # every kept position but the newest token's
+            self.table[toks[p]] = top[p].tolist()
+        self.seen = max(self.seen, len(toks) - 1)
+        copy = self.ngram.propose(ctx, num_tokens).token_ids[0].tolist() if self.ngram is not None else []
+        if self.tree_widths is None or copy:
+            out = list(copy)
+            while self.tree_widths is None and len(out) < num_tokens and (out or toks)[-1] in self.table:
+                out.append(self.table[(out or toks)[-1]][0])
+            return Draft(torch.tensor([out[:num_tokens]], dtype=torch.long))
+        nodes: list[int] = []
+        parents: list[int] = []
+        frontier = [(-1, toks[-1])]
+        for width in self.tree_widths:
+            nxt = []
+            for parent, tok in frontier:
+                for child in self.table.get(tok, [])[:width][: num_tokens - len(nodes)]:
+                    nodes.append(child)
+                    parents.append(parent)
+                    nxt.append((len(nodes) - 1, child))
+            frontier = nxt
+        if not nodes:
+            return Draft(torch.zeros((1, 0), dtype=torch.long))
+        return Draft(torch.tensor([nodes]), parents=torch.tensor([parents]))
 
 
 def accepted(draft: Draft, truth: list[int], vocab: int) -> int:
@@ -150,6 +238,14 @@ def main() -> None:
         "suffix_cold": replay(records, lambda: SuffixDrafter(store_tokens=0), target, curve, 8),
         "ceiling (copying oracle)": ceiling(records, curve),
     }
+    tops = target_topk(records, 8, args.outputs.with_name(args.outputs.stem + "_top8.pt"))
+    rows |= {
+        "recycling chain": replay(records, lambda: RecyclingReplay(tops, ngram=False), target, curve, None),
+        "ngram, then recycling chain": replay(records, lambda: RecyclingReplay(tops, ngram=True), target, curve, None),
+        "recycling tree (8 nodes)": replay(records, lambda: RecyclingReplay(tops, False, (4, 2, 1, 1, 1)), target, curve, 8),
+        "ngram, else recycling tree (6 nodes)": replay(records, lambda: RecyclingReplay(tops, True, (3, 2, 1, 1)),
+                                                       target, curve, 6),
+    }
     base = rows["ngram (auto)"]
     cats = ["overall", *sorted(c for c in base if c != "overall")]
     print("modelled speedup over AR (new tokens / verify cost in T_v(0) units), and / ngram\n")
@@ -159,7 +255,7 @@ def main() -> None:
         cells = []
         for c in cats:
             speed = tot[c][0] / tot[c][1]
-            cells.append(f"{speed:.2f}" if name.startswith("ngram") else f"{speed:.2f} ({speed / (base[c][0] / base[c][1]):.2f})")
+            cells.append(f"{speed:.2f}" if tot is base else f"{speed:.2f} ({speed / (base[c][0] / base[c][1]):.2f})")
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 
