@@ -66,9 +66,12 @@ def record_outputs(suites: list[str], max_new: int) -> list[dict[str, Any]]:
 
 def target_topk(records: list[dict[str, Any]], k: int, path: Path) -> list[torch.Tensor]:
     """Per record [T, k] int64: the target's top-k next tokens after every position of prompt + output
-    (one teacher-forced forward each; row p predicts token p + 1), cached in `path`."""
+    (one teacher-forced forward each; row p predicts token p + 1), cached in `path` (recomputed when the
+    cache does not fit the records)."""
     if path.is_file():
-        return torch.load(path)
+        tops = torch.load(path)
+        if [t.shape[0] for t in tops] == [len(r["prompt"]) + len(r["output"]) for r in records]:
+            return tops
     target = load_target("smollm2-135m", device="cpu")
     tops = []
     with torch.inference_mode():
