@@ -42,6 +42,7 @@ from specdraft.protocol import Draft, DraftContext, Drafter
 from specdraft.sampling import SamplingConfig
 from specdraft.suites import load_suite
 from specdraft.target import TargetModel
+from specdraft.train.distill import teacher_examples
 from specdraft.tree import greedy_verify_tree, tree_depths
 from specdraft.verify import greedy_verify
 
@@ -64,21 +65,16 @@ def record_outputs(suites: list[str], max_new: int) -> list[dict[str, Any]]:
     return out
 
 
-def target_topk(records: list[dict[str, Any]], k: int, path: Path) -> list[torch.Tensor]:
+def target_topk(records: list[dict[str, Any]], target: TargetModel, k: int, path: Path) -> list[torch.Tensor]:
     """Per record [T, k] int64: the target's top-k next tokens after every position of prompt + output
-    (one teacher-forced forward each; row p predicts token p + 1), cached in `path` (recomputed when the
+    (teacher-forced, `teacher_examples`; row p predicts token p + 1), cached in `path` (recomputed when the
     cache does not fit the records)."""
+    sequences = [torch.tensor(r["prompt"] + r["output"]) for r in records]
     if path.is_file():
         tops = torch.load(path)
-        if [t.shape[0] for t in tops] == [len(r["prompt"]) + len(r["output"]) for r in records]:
+        if [t.shape[0] for t in tops] == [s.shape[0] for s in sequences]:
             return tops
-    target = load_target("smollm2-135m", device="cpu")
-    tops = []
-    with torch.inference_mode():
-        for r in records:
-            target.reset()
-            hidden = target.forward(torch.tensor([r["prompt"] + r["output"]]), num_logits=0).hidden[0]  # [T, H]
-            tops.append(torch.cat([target.logits(h).topk(k, dim=-1).indices for h in hidden.split(256)]))
+    tops = [e.topk_indices for e in teacher_examples(target, sequences, [0] * len(sequences), k)]
     torch.save(tops, path)
     return tops
 
@@ -127,11 +123,13 @@ class RecyclingReplay:
             self.table[toks[p]] = top[p].tolist()
         self.seen = max(self.seen, len(toks) - 1)
         copy = self.ngram.propose(ctx, num_tokens).token_ids[0].tolist() if self.ngram is not None else []
-        if self.tree_widths is None or copy:
+        if self.tree_widths is None:  # a chain: the copy (if any), then the table's top-1 after its last token
             out = list(copy)
-            while self.tree_widths is None and len(out) < num_tokens and (out or toks)[-1] in self.table:
+            while len(out) < num_tokens and (out or toks)[-1] in self.table:
                 out.append(self.table[(out or toks)[-1]][0])
-            return Draft(torch.tensor([out[:num_tokens]], dtype=torch.long))
+            return Draft(torch.tensor([out], dtype=torch.long))
+        if copy:  # a tree only where the n-gram lookup found nothing
+            return Draft(torch.tensor([copy], dtype=torch.long))
         nodes: list[int] = []
         parents: list[int] = []
         frontier = [(-1, toks[-1])]
@@ -241,7 +239,7 @@ def main() -> None:
         "suffix_cold": replay(records, lambda: SuffixDrafter(store_tokens=0), target, curve, 8),
         "ceiling (copying oracle)": ceiling(records, curve),
     }
-    tops = target_topk(records, 8, args.outputs.with_name(args.outputs.stem + "_top8.pt"))
+    tops = target_topk(records, target, 8, args.outputs.with_name(args.outputs.stem + "_top8.pt"))
     rows |= {
         "recycling chain": replay(records, lambda: RecyclingReplay(tops, ngram=False), target, curve, None),
         "ngram, then recycling chain": replay(records, lambda: RecyclingReplay(tops, ngram=True), target, curve, None),
