@@ -2,9 +2,9 @@
 decoding loop with no drafter (`SpeculativeDecoder(target).generate_batch`).
 
 One forward per step for the whole batch amortises the weights over its rows. Prompts of different
-lengths are left padded and masked, each row counts its own positions (`specdraft.ragged`), so a
-row decodes as it would alone (up to float rounding in a batched product), and finished rows leave
-the batch. This is the self-distillation data's generator (`specdraft.train.selfgen`).
+lengths are left padded and masked (the fast stack's prefill computes only their own tokens), each
+row counts its own positions (`specdraft.ragged`), so a row decodes as it would alone (up to float
+rounding in a batched product), and finished rows leave the batch. This is the self-distillation data's generator (`specdraft.train.selfgen`).
 """
 
 from __future__ import annotations

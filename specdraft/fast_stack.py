@@ -11,8 +11,10 @@ What makes it fast (each kept because benchmarks/verify_cost.py showed it pays o
   materialising repeated K/V heads; a verify forward (a few positions after a long cache) stacks
   the query heads of each K/V head as rows of one attention (`_grouped_attention`), since the
   CPU kernel's cost there is in multiplying few rows at a time;
-- a prefill (empty cache) uses SDPA's causal mode, which skips the masked half of the blocks, and
-  a continuation's mask is built once per forward as an additive float mask (`continuation_mask`),
+- a prefill (empty cache) uses SDPA's causal mode, which skips the masked half of the blocks; a
+  batch of prompts of different lengths is prefilled packed (`prefill_packed`): the projections
+  run on the rows' own tokens only, never on the padding, and each row attends causally over its
+  own tokens; a continuation's mask is built once per forward as an additive float mask (`continuation_mask`),
   so nothing per layer or per round scales with the context except the attention itself.
 On CUDA (or when oneDNN is missing) the projections fall back to `F.linear` on the fused weights.
 The Hugging Face model is left untouched (drafters and peers still use it); the packed copies cost
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -209,6 +212,8 @@ class FastStack:
     """The decoder layers, final norm and lm_head of a Llama-family model with packed weights and
     a `KVBuffer`; same interface as `HFStack` (see specdraft/target.py)."""
 
+    packs_ragged_prefill: ClassVar[bool] = True  # `prefill_packed`: a ragged batch's prefill skips the padding
+
     def __init__(self, model: nn.Module, weights: WeightFormat = FLOAT, head: bool = True) -> None:
         """weights: how the decoder's projections are stored (`specdraft.linear_formats`; FLOAT = the
         model's own, exact); head: build the lm_head (in the same format) or not (a drafter that
@@ -350,16 +355,53 @@ class FastStack:
         """All layers on token_ids [B, k] after the cache: (post-norm hidden [B, k, H], the inputs
         of layers `features` side by side [B, k, len(features) * H], or None when none is asked;
         `specdraft.target.TargetOutput.features`)."""
-        if self.kv is None or self.kv.batch != token_ids.shape[0]:
-            if self._cache_owner is not None and self.seq_length(0) == 0:
-                self._cache_owner.reset(token_ids.shape[0])  # an empty shared cache takes the batch's rows
-            else:
-                self.reset(token_ids.shape[0])
+        self._take_batch(token_ids.shape[0])
         hidden = self.embed(token_ids)
         taps: list[Tensor] = []
         hidden = self.run_layers(hidden, 0, self.num_layers, self.seq_length(0), attention_mask, position_ids,
                                  features, taps)
         return self.norm(hidden), (torch.cat(taps, dim=-1) if taps else None)
+
+    def _take_batch(self, batch: int) -> None:
+        """Make the cache hold `batch` rows (an empty shared cache takes them from its owner)."""
+        if self.kv is None or self.kv.batch != batch:
+            if self._cache_owner is not None and self.seq_length(0) == 0:
+                self._cache_owner.reset(batch)
+            else:
+                self.reset(batch)
+
+    def prefill_packed(self, token_ids: Tensor, valid: Tensor) -> Tensor:
+        """A batch's first forward (empty cache) on token_ids [B, W] whose own tokens, valid [B, W]
+        bool, are left padded (`specdraft.ragged.left_padded`). The rows' N own tokens are packed
+        into one sequence [1, N]: every projection runs on them only (none on the padding), and each
+        row attends causally over its own tokens alone, at its own positions 0..n_i - 1, as it would
+        in a prefill of its own. K/V go to each row's own columns and zeros to its padding columns
+        (which the row layout masks). Returns post-norm hidden [B, W, H], zeros at the padding."""
+        batch, width = token_ids.shape
+        self._take_batch(batch)
+        assert self.kv is not None
+        kv = self.kv
+        lengths = valid.sum(dim=1).tolist()  # [B] own tokens per row
+        positions = (valid.long().cumsum(dim=1) - 1)[valid]  # [N] each token's index in its row
+        hidden = self.embed(token_ids[valid][None])  # [1, N, H]
+        rope = rope_tables(*self.rotary_emb(hidden, position_ids=positions[None]))  # [1, N, 1, D] each
+
+        def padded(packed: Tensor) -> Tensor:  # [1, kvh, N, D] -> [B, kvh, W, D], zeros at padding
+            out = packed.new_zeros((batch, width, self.kv_heads, self.head_dim))
+            out[valid] = packed[0].transpose(0, 1)
+            return out.transpose(1, 2)
+
+        def attend(i: int, q: Tensor, key: Tensor, val: Tensor) -> Tensor:
+            kv.append(i, padded(key), padded(val))
+            rows = zip(q.split(lengths, dim=2), key.split(lengths, dim=2), val.split(lengths, dim=2))
+            return torch.cat([self._attention(qr, kr, vr, None, causal=True)  # [1, nh, n_i, D] each
+                              for qr, kr, vr in rows if qr.shape[2] > 0], dim=2)  # [1, nh, N, D]
+
+        for i in range(self.num_layers):
+            hidden = self._layer(i, hidden, rope, attend)
+        out = hidden.new_zeros((batch, width, hidden.shape[-1]))  # [B, W, H]
+        out[valid] = self.norm(hidden)[0]
+        return out
 
     def run_layers(self, hidden: Tensor, start: int, end: int, first_position: int,
                    attention_mask: Tensor | None = None, position_ids: Tensor | None = None,

@@ -6,6 +6,7 @@ a Llama-style decoder). Kept as the reference the fast stack is measured and tes
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -17,6 +18,8 @@ from specdraft.ragged import RowLayout
 
 class HFStack:
     """Decoder + final norm + lm_head of a Hugging Face model, with a `DynamicCache`."""
+
+    packs_ragged_prefill: ClassVar[bool] = False  # a ragged prefill runs padded, masked (the reference)
 
     def __init__(self, model: PreTrainedModel) -> None:
         self.config = model.config

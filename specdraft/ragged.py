@@ -38,6 +38,14 @@ def padding_mask(valid: Tensor, queries: int, dtype: torch.dtype) -> Tensor:
     return mask[:, None]  # [B, 1, q, S]
 
 
+def left_padded(valid: Tensor) -> bool:
+    """Whether valid [B, S] bool marks every row's own tokens as one run that ends at the last
+    column (a batch of prompts, left padded to the longest)."""
+    s = valid.shape[1]
+    first = s - valid.sum(dim=1)  # [B] each row's first own column
+    return bool((valid == (torch.arange(s, device=valid.device)[None] >= first[:, None])).all())
+
+
 @dataclass
 class RowLayout:
     """Which cache columns belong to which row. valid: [B, S] bool on the cache's device."""

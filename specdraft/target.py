@@ -21,7 +21,7 @@ from specdraft.cuda_graphs import VerifyGraphs
 from specdraft.fast_stack import FastStack, fast_path_unsupported
 from specdraft.hf_stack import HFStack
 from specdraft.linear_formats import FLOAT, WeightFormat
-from specdraft.ragged import RowLayout
+from specdraft.ragged import RowLayout, left_padded
 
 
 @dataclass(frozen=True)
@@ -320,8 +320,12 @@ class TargetModel:
             if layout.width + token_ids.shape[1] > self.max_context:  # holes would outgrow the context
                 self._compact(force=True)
             new_valid = (torch.ones(token_ids.shape, dtype=torch.bool) if valid is None else valid).to(self.device)
-            mask, positions = layout.inputs(new_valid, self._stack.embed(token_ids[:, :1]).dtype)
-            hidden, taps = self._stack.forward(token_ids, mask, positions, features)
+            if (layout.width == 0 and not features and token_ids.shape[1] > 1 and self._stack.packs_ragged_prefill
+                    and left_padded(new_valid)):  # a batch's prefill: no work on the padding
+                hidden, taps = self._stack.prefill_packed(token_ids, new_valid), None
+            else:
+                mask, positions = layout.inputs(new_valid, self._stack.embed(token_ids[:, :1]).dtype)
+                hidden, taps = self._stack.forward(token_ids, mask, positions, features)
             layout.append(new_valid)
         elif attention_mask is not None or position_ids is not None:
             self.discard_prefix()

@@ -100,6 +100,38 @@ def test_each_row_cache_equals_its_own_forward_after_ragged_rounds(
             torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
+def test_left_padded_tells_a_batch_of_prompts_from_holes() -> None:
+    assert ragged.left_padded(torch.tensor([[False, True, True], [True, True, True], [False, False, False]]))
+    assert not ragged.left_padded(torch.tensor([[True, False, True]]))  # a hole
+    assert not ragged.left_padded(torch.tensor([[True, True, False]]))  # right padded
+
+
+def test_packed_prefill_equals_the_masked_padded_prefill() -> None:
+    """The fast stack's packed prefill of ragged prompts (no work on the padding) leaves the same K/V
+    in every row's own columns, and the same hidden states there, as the padded forward with the
+    layout's mask; a row with no own token (a one-token prompt) is allowed."""
+    target = tiny_random_target(vocab_size=64, seed=3, hidden_size=32, num_layers=2, fast=True)
+    stack = target._stack  # the test drives both stack paths directly
+    rows = [[3, 9, 4, 11, 20, 7, 1], [5, 6], [], [8, 1, 2, 40]]
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])  # [4, 7] left padded
+    valid = torch.tensor([[False] * (width - len(r)) + [True] * len(r) for r in rows])
+    stack.reset(len(rows))
+    packed = stack.prefill_packed(ids, valid)  # [4, 7, H]
+    packed_kv = [(k.clone(), v.clone()) for k, v in stack.layer_tensors()]
+    stack.reset(len(rows))
+    mask, positions = RowLayout(valid[:, :0]).inputs(valid, torch.float32)
+    masked, _ = stack.forward(ids, mask, positions)
+    assert packed.shape == masked.shape
+    torch.testing.assert_close(packed[valid], masked[valid], atol=1e-5, rtol=1e-5)
+    assert not packed[~valid].any()
+    for (pk, pv), (mk, mv) in zip(packed_kv, stack.layer_tensors()):
+        cols = valid[:, None, :, None].expand_as(pk)  # [B, kvh, W, D]
+        torch.testing.assert_close(pk[cols], mk[cols], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(pv[cols], mv[cols], atol=1e-5, rtol=1e-5)
+        assert not pk[~cols].any() and not pv[~cols].any()  # padding columns hold zeros, never NaN
+
+
 def test_bad_crops_are_named() -> None:
     target = tiny_random_target(vocab_size=32, seed=0, hidden_size=16, num_layers=1)
     target.reset()
