@@ -54,7 +54,7 @@ def main() -> None:
         layers = tuple(head.config.aux_layers)
         if layers not in by_layers:  # one feature cache per layer set
             by_layers[layers] = feature_sequences(target, raw, layers, args.cache_dir, "eval-" + "-".join(map(str, layers)))
-        r = evaluate(head, embed, rotary, by_layers[layers], args.window, args.steps, head.vocab)
+        r = evaluate(head, embed, rotary, by_layers[layers], args.window, args.steps, head.vocab())
         acc = " / ".join(f"{x:.3f}" for x in r["acceptance_per_position"])
         top1 = " / ".join(f"{x:.3f}" for x in r["top1_per_step"])
         print(f"| {name} | {list(layers)} | {r['anchors']} | {acc} | {top1} | {r['expected_accepted_length']:.3f} |", flush=True)

@@ -203,7 +203,7 @@ def test_unrolled_training_steps_are_what_the_drafter_computes(tmp_path, monkeyp
     (seq,) = feature_seqs(target, greedy_sequences(target, 1, seed=0), tmp_path, "one")
     embed, rotary = target.model.get_input_embeddings(), target.model.base_model.rotary_emb
     with torch.no_grad():
-        logits, _ = unroll(head, embed, rotary, seq, 0, seq.ids.shape[0], 3, PrunedVocab(torch.arange(16), 16))
+        logits, _, _ = unroll(head, embed, rotary, seq, 0, seq.ids.shape[0], 3, PrunedVocab(torch.arange(16), 16))
     for j in (2, 7, 15):
         truth = seq.ids[j + 2 : j + 5].tolist()  # the drafts "drawn": the sequence's own tokens
         monkeypatch.setattr(specdraft.draft_loop, "draw", lambda q, s, g, it=iter(truth): torch.tensor([next(it)]))
@@ -225,6 +225,25 @@ def test_chain_acceptance_counts_leading_right_steps_by_hand() -> None:
     # step 0 right for 3 of 4; step 1 for 2 of those 3; step 2 for 1 of those 2; accepted 2, 1, 0, 3
     assert per_position == pytest.approx([3 / 4, 2 / 3, 1 / 2]) and expected == pytest.approx(6 / 4)
     assert chain_acceptance(torch.zeros((0, 3), dtype=torch.bool)) == ([0.0, 0.0, 0.0], 0.0)
+
+
+def test_held_out_counts_a_choice_outside_the_draft_vocabulary_as_a_miss(tmp_path) -> None:  # noqa: ANN001
+    """A smaller draft vocabulary scores the same anchors (none is dropped for being hard), and misses
+    every position whose target choice it cannot draft."""
+    from specdraft.train.eagle import evaluate
+    from specdraft.vocab import PrunedVocab
+
+    target = four_layer_target()
+    head = random_head(target, seed=4, aux_layers=LAYERS)
+    seqs = feature_seqs(target, greedy_sequences(target, 3, seed=0), tmp_path, "eval")
+    embed, rotary = target.model.get_input_embeddings(), target.model.base_model.rotary_emb
+    full = evaluate(head, embed, rotary, seqs, 64, 3, PrunedVocab(torch.arange(16), 16))
+    counts = torch.bincount(torch.cat([s.choice for s in seqs]), minlength=16)
+    never = int(counts.argmin())
+    assert counts[never] == 0  # these seeds leave a token the target never chooses
+    narrow = evaluate(head, embed, rotary, seqs, 64, 3, PrunedVocab(torch.tensor([never]), 16))
+    assert narrow["anchors"] == full["anchors"] > 0
+    assert narrow["top1_per_step"] == [0.0, 0.0, 0.0] and narrow["expected_accepted_length"] == 0.0
 
 
 def test_training_raises_held_out_acceptance(tmp_path) -> None:  # noqa: ANN001

@@ -14,7 +14,8 @@ before it were accepted. The loss of step s is the cross-entropy with the target
 a_{j+1+s} on answer positions (over the draft vocabulary; a choice outside it is skipped),
 weighted decay^s.
 
-Held-out numbers (greedy records of the held-out split): per draft position the acceptance
+Held-out numbers (greedy records of the held-out split; a target choice outside the draft
+vocabulary counts as a miss): per draft position the acceptance
 P(step s right | steps < s right) and the expected accepted length per round at K = ttt_steps
 (sum over s of P(steps 0..s right)): on greedy data the teacher-forced tokens are the drafts that
 greedy drafting accepted, so these are the drafter's greedy acceptance. The head is written in
@@ -123,16 +124,18 @@ def chain_mask(n: int, steps: int, dtype: torch.dtype) -> Tensor:
 
 
 def unroll(head: EagleHead, embed: nn.Module, rotary: nn.Module, seq: FeatureSeq, start: int, end: int,
-           steps: int, vocab: PrunedVocab) -> tuple[list[Tensor], list[Tensor]]:
+           steps: int, vocab: PrunedVocab) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
     """The training-time test over the window [start, end) of `seq` (module docstring). Returns per
     step s: (logits [m, M] of the anchors j = start..end-2, labels [m] as draft indices, -100 where
-    not trained: past the window, before the answer, or outside the draft vocabulary)."""
+    not trained: past the window, before the answer, or outside the draft vocabulary, and `scored`
+    [m] bool: the answer positions inside the window, where a held-out evaluation counts the draft,
+    a choice outside the draft vocabulary as a miss)."""
     m = end - start - 1  # anchors: pair j = (features_j, x_{j+1})
     ids = seq.ids[start:end]
     label_pos = torch.arange(m)  # anchor offsets
     hidden = head.fuse(seq.features[start : start + m][None].to(head.fc.weight.dtype))  # [1, m, H]
     cache = None
-    logits_out, labels_out = [], []
+    logits_out, labels_out, scored_out = [], [], []
     for s in range(steps):
         tok_pos = label_pos + 1 + s  # x_{j+1+s}, offsets in the window
         live = tok_pos < ids.shape[0]
@@ -144,11 +147,13 @@ def unroll(head: EagleHead, embed: nn.Module, rotary: nn.Module, seq: FeatureSeq
         logits, out, cache = head(embeds, hidden, cos_sin, cache, mask)
         choice_pos = (start + tok_pos).clamp(max=seq.choice.shape[0] - 1)
         labels = vocab.index_of[seq.choice[choice_pos]]  # [m] draft index or -1
-        trained = live & (start + tok_pos >= seq.first + 1) & (labels >= 0)  # a_{j+1+s} predicts an answer token
+        scored = live & (start + tok_pos >= seq.first + 1)  # a_{j+1+s} predicts an answer token
+        trained = scored & (labels >= 0)
         labels_out.append(torch.where(trained, labels, torch.full_like(labels, -100)))
+        scored_out.append(scored)
         logits_out.append(logits[0])
         hidden = out
-    return logits_out, labels_out
+    return logits_out, labels_out, scored_out
 
 
 def windows(seqs: Sequence[FeatureSeq], window: int) -> list[tuple[int, int, int]]:
@@ -179,9 +184,9 @@ def evaluate(head: EagleHead, embed: nn.Module, rotary: nn.Module, seqs: Sequenc
     """Held-out per-position acceptance and expected accepted length (module docstring)."""
     right_all: list[Tensor] = []
     for i, start, end in windows(seqs, window):
-        logits, labels = unroll(head, embed, rotary, seqs[i], start, end, steps, vocab)
-        valid = torch.stack([lab >= 0 for lab in labels], dim=1)  # [m, S]
-        right = torch.stack([(lg.argmax(-1) == lab) for lg, lab in zip(logits, labels)], dim=1)  # [m, S]
+        logits, labels, scored = unroll(head, embed, rotary, seqs[i], start, end, steps, vocab)
+        valid = torch.stack(scored, dim=1)  # [m, S]
+        right = torch.stack([(lg.argmax(-1) == lab) for lg, lab in zip(logits, labels)], dim=1)  # [m, S]: -100 never
         keep = valid.all(dim=1)  # anchors whose whole chain is on answer positions
         right_all.append(right[keep])
     right = torch.cat(right_all) if right_all else torch.zeros((0, steps), dtype=torch.bool)
@@ -226,7 +231,7 @@ def train_head(cfg: DictConfig, target: TargetModel, train_seqs: Sequence[Featur
     def step_loss(step: int) -> tuple[Tensor, Mapping[str, float]]:
         gen = torch.Generator().manual_seed(int(cfg.seed) * 1_000_003 + step)
         i, start, end = wins[int(torch.randint(len(wins), (1,), generator=gen))]
-        logits, labels = unroll(head, embed, rotary, train_seqs[i], start, end, int(cfg.ttt_steps), vocab)
+        logits, labels, _ = unroll(head, embed, rotary, train_seqs[i], start, end, int(cfg.ttt_steps), vocab)
         losses = [F.cross_entropy(lg, lab, ignore_index=-100) if bool((lab >= 0).any()) else lg.sum() * 0.0
                   for lg, lab in zip(logits, labels)]
         total = sum(w * loss for w, loss in zip(weights, losses))
