@@ -337,7 +337,10 @@ class SpeculativeDecoder:
                 if stopped is not None or generated[i] >= max_new_tokens:
                     finished.append(j)
                 stats[i].record_round(drafted[j], accepted[j], len(emitted), draft_s, t2 - t1)
-                policy.observe(drafted[j], accepted[j])  # never a time: K must not depend on the clock
+                # never a time: K must not depend on the clock. In a batch every row pays for the round's
+                # K verified positions, so a row that drafted fewer counts its shortfall as a rejection
+                # (observed as K drafted); alone, a shorter draft is a cheaper forward and counts as it is.
+                policy.observe(k if b > 1 else drafted[j], accepted[j])
             # cache: each row's committed prefix + its accepted draft
             self.target.crop(lengths[0] + accepted[0] if b == 1 else [n + a for n, a in zip(lengths, accepted)])
             if needs_hidden:

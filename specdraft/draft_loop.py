@@ -157,9 +157,13 @@ def _draft_rows(
     """`draft_autoregressively` for B rows: one forward per step for every row that needs logits.
 
     Per row the same rule as at batch size 1: a greedy copy (weight >= 0.5) is drafted without q
-    and fed with the row's next forward; a sampled copy is mixed into the row's q. The rows' unfed
-    tokens are the right-aligned tail of `tokens` (counts[i] columns of row i): a drafted token
-    appends a column, and a row that fed its tokens keeps only that one."""
+    and fed with the next forward; a sampled copy is mixed into the row's q. A step whose rows all
+    copy runs no forward; otherwise every row feeds what it owes with it, a copying row too (its q
+    stays the copy's). Were a copying row left out, a row that keeps finding copies would owe more
+    every round until one forward fed its whole tail, computed for every row of the batch (a
+    padded forward as wide as the longest tail). The rows' unfed tokens are the right-aligned tail
+    of `tokens` (counts[i] columns of row i): a drafted token appends a column, and after a forward
+    every row keeps only that one."""
     batch = ctx.batch_size
     sampling, gen = ctx.sampling, ctx.generator
     greedy = sampling.greedy
@@ -187,9 +191,8 @@ def _draft_rows(
             width = next(s.vocab_size for s in lookups if s is not None)
             q = _one_hot(tok, width)  # [B, V]
         else:
-            fed = [0 if s else c for s, c in zip(skip, counts)]  # copying rows feed nothing this step
-            n = max(fed)
-            q = warp(next_logits(tokens[:, -n:], None if min(fed) == n else tuple(fed)), sampling)  # [B, M or V]
+            n = max(counts)  # every row feeds what it owes (see the docstring)
+            q = warp(next_logits(tokens[:, -n:], None if min(counts) == n else tuple(counts)), sampling)  # [B, M or V]
             mixed = [not greedy and c is not None for c in copies]  # sampled copies mix into q
             if any(mixed):
                 assert copy_ids is not None
@@ -208,7 +211,7 @@ def _draft_rows(
                 q = torch.where(mask[:, None], _one_hot(copy_ids.to(q.device), q.shape[1]), q)
                 tok = torch.where(mask.to(tok.device), copy_ids.to(tok.device), tok)
         tok = tok.to(device)
-        counts = [c + 1 if s else 1 for c, s in zip(counts, skip)]  # a copying row still owes its tokens
+        counts = [c + 1 for c in counts] if all(skip) else [1] * batch  # no forward: every row still owes its tokens
         longest = max(counts)
         tokens = torch.cat([tokens, tok[:, None]], dim=1)[:, -longest:] if longest > 1 else tok[:, None]
         if active:

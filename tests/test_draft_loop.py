@@ -91,8 +91,10 @@ def _left_padded(rows: list[list[int]], pad: int = 0) -> torch.Tensor:
 
 
 def test_batched_greedy_copies_skip_the_model_per_row() -> None:
-    """B rows draft together: a row that copies feeds nothing that step (count 0) and feeds its
-    copies with its next forward; the model runs once per step for all the other rows."""
+    """B rows draft together: a row that copies takes the copy, not the model's token, but feeds what
+    it owes with the forward the other rows need anyway, so no row's unfed tail grows from round to
+    round (one wide catch-up forward would be computed for every row); a step in which every row
+    copies runs no forward."""
     calls = []
 
     def next_logits(tokens: torch.Tensor, counts: tuple[int, ...] | None) -> torch.Tensor:
@@ -109,9 +111,9 @@ def test_batched_greedy_copies_skip_the_model_per_row() -> None:
     draft = draft_autoregressively(next_logits, RowFeed(ctx.token_ids, (2, 1)), 4, ctx, copy=sources)
     assert draft.token_ids.tolist() == [[3, 4, 5, 5], [6, 6, 6, 6]] and draft.lengths is None
     assert calls == [
-        [[], [3]],  # row 0 copies: it feeds nothing
-        [[], [6]],
-        [[1, 2, 3, 4], [6]],  # row 0 feeds its committed tokens and both copies at once
+        [[1, 2], [3]],  # row 0 copies (its token is 3, whatever the model says) and feeds its tokens
+        [[3], [6]],
+        [[4], [6]],  # row 0's second copy is fed with the forward that gives its first own token
         [[5], [6]],
     ]
     assert draft.probs.shape == (2, 4, 8) and draft.probs[0, 1].tolist() == [0, 0, 0, 0, 1, 0, 0, 0]
@@ -120,6 +122,10 @@ def test_batched_greedy_copies_skip_the_model_per_row() -> None:
     every = [CopySource(lambda drafted: 7, 1.0, 8)] * 2  # every row copies: the model never runs
     assert draft_autoregressively(next_logits, RowFeed(ctx.token_ids, (2, 1)), 3, ctx, copy=every).token_ids.tolist() \
         == [[7, 7, 7], [7, 7, 7]] and calls == []
+    calls.clear()  # the rows all copy at first, then one needs the model: everything owed goes with it
+    late = [CopySource(lambda drafted: 7 if len(drafted) < 2 else None, 1.0, 8), CopySource(lambda drafted: 7, 1.0, 8)]
+    assert draft_autoregressively(next_logits, RowFeed(ctx.token_ids, (2, 1)), 3, ctx, copy=late).token_ids.tolist() \
+        == [[7, 7, 5], [7, 7, 7]] and calls == [[[1, 2, 7, 7], [3, 7, 7]]]
 
 
 def test_batched_sampled_copies_mix_per_row_and_are_seeded() -> None:

@@ -83,6 +83,38 @@ def test_every_row_equals_its_batch1_greedy_output(fast: bool, k: int) -> None:
     assert out.stats.new_tokens == sum(r.stats.new_tokens for r in out) == sum(len(r.token_ids[0]) for r in out)
 
 
+class RecordingPolicy:
+    """A fixed K that records what the decoder tells it after every row's round."""
+
+    def __init__(self, k: int) -> None:
+        self.k, self.seen = k, []
+
+    def choose(self, k_max: int, batch_size: int = 1) -> int:
+        return min(self.k, k_max)
+
+    def observe(self, num_drafted: int, num_accepted: int) -> None:
+        self.seen.append((num_drafted, num_accepted))
+
+
+def test_a_batch_row_drafting_fewer_than_k_is_observed_as_a_rejection_where_its_draft_ends() -> None:
+    """In a batch every row pays for the round's K verified positions: the cost model must see a row's
+    shortfall as a rejection (else a drafter that often finds nothing, like n-gram, looks better at
+    b > 1 than it is); at batch 1 a shorter draft is a shorter forward and is observed as drafted."""
+    target = tiny_random_target(vocab_size=16, seed=1)
+    conts = {tuple(p): plain_greedy(target, p, 40) for p in PROMPTS}
+    for prompts in (PROMPTS, PROMPTS[:1]):
+        dec = SpeculativeDecoder(target, ReferenceDrafter(conts, 16), 4)
+        policy = RecordingPolicy(4)
+        dec._policy = lambda sampling, batch_size=1: policy  # the test's spy in place of the cost model
+        out = dec.generate_batch(prompts, 20, stop_token_ids=[])
+        assert all(a <= d for d, a in policy.seen)
+        if len(prompts) > 1:
+            assert max(d for d, _ in policy.seen) == 4
+            assert sum(r.stats.drafted for r in out) < sum(d for d, _ in policy.seen)  # shortfalls counted
+        else:
+            assert sum(r.stats.drafted for r in out) == sum(d for d, _ in policy.seen)
+
+
 def test_model_drafter_batch_matches_batch1_and_auto_runs() -> None:
     target = tiny_random_target(vocab_size=16, seed=1)
     drafter = RecomputeDrafter(tiny_random_llama(vocab_size=16, seed=7, init_std=0.3))
