@@ -154,7 +154,7 @@ def _draft_rows(
     vocab: PrunedVocab | None,
     copy: CopySource | Sequence[CopySource | None] | None,
 ) -> Draft:
-    """`draft_autoregressively` for B rows: one forward per step for every row that needs logits.
+    """`draft_autoregressively` for B rows: one forward per step for all rows, unless every row copies.
 
     Per row the same rule as at batch size 1: a greedy copy (weight >= 0.5) is drafted without q
     and fed with the next forward; a sampled copy is mixed into the row's q. A step whose rows all

@@ -14,7 +14,8 @@ What makes it fast (each kept because benchmarks/verify_cost.py showed it pays o
 - a prefill (empty cache) uses SDPA's causal mode, which skips the masked half of the blocks; a
   batch of prompts of different lengths is prefilled packed (`prefill_packed`): the projections
   run on the rows' own tokens only, never on the padding, and each row attends causally over its
-  own tokens; a continuation's mask is built once per forward as an additive float mask (`continuation_mask`),
+  own tokens;
+- a continuation's mask is built once per forward as an additive float mask (`continuation_mask`),
   so nothing per layer or per round scales with the context except the attention itself.
 On CUDA (or when oneDNN is missing) the projections fall back to `F.linear` on the fused weights.
 The Hugging Face model is left untouched (drafters and peers still use it); the packed copies cost
