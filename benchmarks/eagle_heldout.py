@@ -17,11 +17,14 @@ import argparse
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
 from specdraft.formats.eagle_head import load_head
 from specdraft.formats.target_info import guard_cache
 from specdraft.models import load_target
 from specdraft.train.eagle import evaluate, feature_sequences, selfgen_sequences
+
+RECIPE = Path(__file__).resolve().parents[1] / "conf" / "train_eagle.yaml"  # eval_tokens, window, ttt_steps
 
 
 def main() -> None:
@@ -30,31 +33,33 @@ def main() -> None:
     parser.add_argument("--heads", nargs="+", required=True, help="head directories or shipped names")
     parser.add_argument("--selfgen-path", nargs="+", required=True, help="specdraft-selfgen out_dir(s) or .jsonl")
     parser.add_argument("--cache-dir", type=Path, required=True, help="the EAGLE recipe's feature cache")
-    parser.add_argument("--eval-tokens", type=int, default=20000, help="as the recipe's data.eval_tokens")
-    parser.add_argument("--steps", type=int, default=3, help="draft positions per chain (the recipe's ttt_steps)")
-    parser.add_argument("--window", type=int, default=512, help="as the recipe's window")
+    parser.add_argument("--eval-tokens", type=int, default=None, help="default: the recipe's data.eval_tokens")
+    parser.add_argument("--steps", type=int, default=None, help="draft positions per chain (default: the recipe's ttt_steps)")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    if args.steps < 1:
-        raise ValueError(f"--steps must be >= 1, got {args.steps}.")
+    recipe = OmegaConf.load(RECIPE)
+    eval_tokens = int(recipe.data.eval_tokens) if args.eval_tokens is None else args.eval_tokens
+    steps = int(recipe.ttt_steps) if args.steps is None else args.steps
+    if steps < 1:
+        raise ValueError(f"--steps must be >= 1, got {steps}.")
     torch.set_num_threads(args.threads)
 
     target = load_target(args.target)
     guard_cache(args.cache_dir, target, "--cache-dir")
-    raw = selfgen_sequences("eval", args.selfgen_path, args.eval_tokens, greedy_only=True)
+    raw = selfgen_sequences("eval", args.selfgen_path, eval_tokens, greedy_only=True)
     if not raw:
         raise ValueError(f"no held-out greedy records in {args.selfgen_path}: pass specdraft-selfgen outputs with an eval split.")
     heads = [(name, load_head(name, target).float().eval()) for name in args.heads]
     embed, rotary = target.model.get_input_embeddings(), target.model.base_model.rotary_emb
     print(f"held-out: {len(raw)} greedy sequences, {sum(len(ids) - first - 1 for ids, first in raw)} answer tokens")
-    print(f"| head | aux layers | anchors | acceptance per position | top-1 per step | mean accepted of {args.steps} |")
+    print(f"| head | aux layers | anchors | acceptance per position | top-1 per step | mean accepted of {steps} |")
     print("|---|---|---|---|---|---|")
     by_layers: dict[tuple[int, ...], list] = {}
     for name, head in heads:
         layers = tuple(head.config.aux_layers)
         if layers not in by_layers:  # one feature cache per layer set
-            by_layers[layers] = feature_sequences(target, raw, layers, args.cache_dir, "eval-" + "-".join(map(str, layers)))
-        r = evaluate(head, embed, rotary, by_layers[layers], args.window, args.steps, head.vocab())
+            by_layers[layers] = feature_sequences(target, raw, layers, args.cache_dir, "eval")
+        r = evaluate(head, embed, rotary, by_layers[layers], int(recipe.window), steps, head.vocab())
         acc = " / ".join(f"{x:.3f}" for x in r["acceptance_per_position"])
         top1 = " / ".join(f"{x:.3f}" for x in r["top1_per_step"])
         print(f"| {name} | {list(layers)} | {r['anchors']} | {acc} | {top1} | {r['expected_accepted_length']:.3f} |", flush=True)

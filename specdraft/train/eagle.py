@@ -81,8 +81,10 @@ def _features(target: TargetModel, layers: Sequence[int], shard: Sequences) -> d
 
 
 def feature_sequences(target: TargetModel, sequences: Sequences, layers: Sequence[int], cache_dir: Path,
-                      name: str) -> list[FeatureSeq]:
-    """The target's features and choices for every (ids, first) sequence, cached."""
+                      split: str) -> list[FeatureSeq]:
+    """The target's features and choices for every (ids, first) sequence of `split` ("train" or
+    "eval"), cached under `<split>-<layers>` (one cache per split and layer set)."""
+    name = f"{split}-" + "-".join(str(j) for j in layers)
     parts = cached_shards(sequences, cache_dir, name, lambda shard: _features(target, layers, shard))
     out, k = [], 0
     for part in parts:
@@ -267,13 +269,12 @@ def run(cfg: DictConfig, target: TargetModel | None = None) -> dict[str, Any]:
     cache = Path(cfg.cache_dir)
     guard_cache(cache, target, "cache_dir")
     d = cfg.data
-    tag = "-".join(str(j) for j in layers)
     train_raw = selfgen_sequences("train", d.selfgen_path, int(d.train_tokens))
     eval_raw = selfgen_sequences("eval", d.selfgen_path, int(d.eval_tokens), greedy_only=True)
     if not train_raw:
         raise ValueError(f"no training sequences in {d.selfgen_path!r}: make them with specdraft-selfgen.")
-    eval_seqs = feature_sequences(target, eval_raw, layers, cache, f"eval-{tag}")
-    train_seqs = feature_sequences(target, train_raw, layers, cache, f"train-{tag}")
+    eval_seqs = feature_sequences(target, eval_raw, layers, cache, "eval")
+    train_seqs = feature_sequences(target, train_raw, layers, cache, "train")
     if cfg.stage == "precompute":
         return {}
     vocab = build_pruned_vocab([s.choice[s.first :] for s in train_seqs], min(int(cfg.draft_vocab), target.vocab_size),
