@@ -157,7 +157,7 @@ class SpeculativeDecoder:
         batch_curves = {b: costs.verify_curve(self.target, self.max_draft_tokens, batch_size=b) for b in buckets}
         batch_draft_costs = {b: self.draft_cost_per_token(sampling, b) for b in buckets}
         return make_draft_length_policy("auto", self.max_draft_tokens, curve, draft_cost, batch_curves,
-                                        batch_draft_costs)
+                                        batch_draft_costs, self.target.packs_ragged)
 
     def draft_cost_per_token(self, sampling: SamplingConfig, batch_size: int = 1) -> float:
         """The drafter's seconds per drafted token / seconds of one target step, under `sampling`'s
@@ -337,10 +337,9 @@ class SpeculativeDecoder:
                 if stopped is not None or generated[i] >= max_new_tokens:
                     finished.append(j)
                 stats[i].record_round(drafted[j], accepted[j], len(emitted), draft_s, t2 - t1)
-                # never a time: K must not depend on the clock. In a batch every row pays for the round's
-                # K verified positions, so a row that drafted fewer counts its shortfall as a rejection
-                # (observed as K drafted); alone, a shorter draft is a cheaper forward and counts as it is.
-                policy.observe(k if b > 1 else drafted[j], accepted[j])
+                # never a time: K must not depend on the clock. In a batch a row that drafted fewer than
+                # K counts its shortfall as a rejection (specdraft/draft_length.py says what it costs).
+                policy.observe(drafted[j], accepted[j], k if b > 1 else None)
             # cache: each row's committed prefix + its accepted draft
             self.target.crop(lengths[0] + accepted[0] if b == 1 else [n + a for n, a in zip(lengths, accepted)])
             if needs_hidden:

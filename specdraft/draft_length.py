@@ -39,6 +39,14 @@ reaches 0 where drafting stops paying. The acceptance estimates pool every row's
 (`batch_draft_costs`: a draft model's batched forward amortises like the target's, a quantized
 copy's int4 product or the n-gram's per-row lookups do not).
 
+A row of a batch that drafts fewer than the round's K (an n-gram row with no match) is observed as
+offered K: its shortfall counts as a rejection where its draft ended, so E[N](k) is what a row of
+the batch emits on average. What the shortfall costs depends on the target: a padded forward pays
+for all b * (k + 1) positions, while a target that packs a ragged batch (`packs_ragged`: the fast
+stack runs the projections on the real tokens only) pays for the drafted ones, so its cost is read
+at k * fill, fill being the running mean of drafted / offered (the curve interpolated between whole
+k). Alone (batch size 1) a shorter draft is a shorter forward and counts as drafted.
+
 When K* = 0 the policy still probes k = 1 after `probe_every` rounds at K = 0, so a drafter that
 becomes useful again is noticed; every probe that is rejected doubles that interval (up to
 `max_probe_every`) and an accepted probe resets it, so a drafter that stays wrong costs ever fewer
@@ -62,8 +70,9 @@ class DraftLengthPolicy(Protocol):
         """K for the next round of `batch_size` live rows, at most k_max."""
         ...
 
-    def observe(self, num_drafted: int, num_accepted: int) -> None:
-        """The round drafted `num_drafted` tokens and the target kept `num_accepted` of them."""
+    def observe(self, num_drafted: int, num_accepted: int, num_offered: int | None = None) -> None:
+        """The round drafted `num_drafted` tokens and the target kept `num_accepted` of them;
+        num_offered: the K a batch round allowed this row (None = a round of its own)."""
         ...
 
 
@@ -76,7 +85,7 @@ class FixedDraftLength:
     def choose(self, k_max: int, batch_size: int = 1) -> int:
         return min(self.k, k_max)
 
-    def observe(self, num_drafted: int, num_accepted: int) -> None:
+    def observe(self, num_drafted: int, num_accepted: int, num_offered: int | None = None) -> None:
         """A fixed K learns nothing."""
 
 
@@ -89,6 +98,8 @@ class CostModelDraftLength:
         docstring); batch size 1 reads verify_curve.
     batch_draft_costs: batch size -> the drafter's cost per token in units of T_v(b, 0); a batch
         size without one reads draft_cost.
+    packs_ragged: the target's batch forward costs only the tokens rows really drafted (see the
+        module docstring), so a batch's verify cost is read at k * fill.
     draft_cost: the drafter's cost per drafted token, in units of T_v(0) (measured by
         `SpeculativeDecoder` before the generation; 0 = free).
     max_k: largest K ever drafted. decay: weight of history in the acceptance averages.
@@ -106,6 +117,8 @@ class CostModelDraftLength:
     max_probe_every: int = 256
     batch_curves: dict[int, Sequence[float]] = field(default_factory=dict)
     batch_draft_costs: dict[int, float] = field(default_factory=dict)
+    packs_ragged: bool = False
+    _fill: float = field(default=1.0, repr=False)  # running mean of drafted / offered in batch rounds
     _accepted: list[float] = field(default_factory=list, repr=False)
     _reached: list[float] = field(default_factory=list, repr=False)
     _rounds_at_zero: int = field(default=0, repr=False)
@@ -162,8 +175,18 @@ class CostModelDraftLength:
         return estimates
 
     def verify_cost(self, k: int, batch_size: int = 1) -> float:
-        """T_v(b, k) / T_v(b, 0): the curve's non-decreasing shape at this batch size."""
-        return self.shape_for(batch_size)[k]
+        """T_v(b, k) / T_v(b, 0): the curve's non-decreasing shape at this batch size; read at
+        k * fill for a packing target's batch (linear between whole k)."""
+        shape = self.shape_for(batch_size)
+        if not self.packs_ragged or batch_size == 1:
+            return shape[k]
+        x = k * self._fill
+        lo = int(x)
+        return shape[lo] if lo >= k else shape[lo] + (x - lo) * (shape[lo + 1] - shape[lo])
+
+    def fill(self) -> float:
+        """Running mean of drafted / offered over the rows of batch rounds (1 before any)."""
+        return self._fill
 
     def draft_cost_of(self, k: int, batch_size: int = 1) -> float:
         """T_d(b, k) / T_v(b, 0)."""
@@ -196,8 +219,11 @@ class CostModelDraftLength:
         shape = self.shape_for(batch_size)
         return 2.0 / (self.draft_cost_of(1, batch_size) + shape[1]) > 1.0 / shape[0]
 
-    def observe(self, num_drafted: int, num_accepted: int) -> None:
+    def observe(self, num_drafted: int, num_accepted: int, num_offered: int | None = None) -> None:
         d = self.decay
+        if num_offered is not None and num_offered > 0:  # a batch row: its shortfall is a rejection
+            self._fill = d * self._fill + (1.0 - d) * min(num_drafted, num_offered) / num_offered
+            num_drafted = max(num_drafted, num_offered)
         if self._probing and num_drafted > 0:
             accepted = num_accepted > 0
             self._probe_interval = (
@@ -238,12 +264,12 @@ def check_max_draft_tokens(max_draft_tokens: int) -> int:
 def make_draft_length_policy(
     num_draft_tokens: int | str, max_k: int = 8, verify_curve: Sequence[float] | None = None,
     draft_cost: float | None = None, batch_curves: dict[int, Sequence[float]] | None = None,
-    batch_draft_costs: dict[int, float] | None = None,
+    batch_draft_costs: dict[int, float] | None = None, packs_ragged: bool = False,
 ) -> DraftLengthPolicy:
     """A fresh policy for `num_draft_tokens`: a fixed number, or "auto" (the cost model up to max_k
     on the target's `verify_curve` and the drafter's `draft_cost`, which "auto" requires, and the
     curves and drafter costs of larger batch sizes, `batch_curves` / `batch_draft_costs`, when it
-    decodes batches)."""
+    decodes batches; `packs_ragged`: the target's batch forward costs only the drafted tokens)."""
     if check_num_draft_tokens(num_draft_tokens) != "auto":
         return FixedDraftLength(int(num_draft_tokens))
     if verify_curve is None or draft_cost is None:
@@ -253,4 +279,4 @@ def make_draft_length_policy(
             "(seconds per drafted token / seconds of one target step)."
         )
     return CostModelDraftLength(verify_curve, draft_cost=draft_cost, max_k=max_k, batch_curves=dict(batch_curves or {}),
-                                batch_draft_costs=dict(batch_draft_costs or {}))
+                                batch_draft_costs=dict(batch_draft_costs or {}), packs_ragged=packs_ragged)

@@ -14,7 +14,8 @@ What makes it fast (each kept because benchmarks/verify_cost.py showed it pays o
 - a prefill (empty cache) uses SDPA's causal mode, which skips the masked half of the blocks; a
   batch of prompts of different lengths is prefilled packed (`prefill_packed`): the projections
   run on the rows' own tokens only, never on the padding, and each row attends causally over its
-  own tokens;
+  own tokens; later forwards of a ragged batch whose rows bring different numbers of tokens (rows
+  that drafted less) are packed the same way (`forward_packed`): only attention sees the padding;
 - a continuation's mask is built once per forward as an additive float mask (`continuation_mask`),
   so nothing per layer or per round scales with the context except the attention itself.
 On CUDA (or when oneDNN is missing) the projections fall back to `F.linear` on the fused weights.
@@ -213,7 +214,7 @@ class FastStack:
     """The decoder layers, final norm and lm_head of a Llama-family model with packed weights and
     a `KVBuffer`; same interface as `HFStack` (see specdraft/target.py)."""
 
-    packs_ragged_prefill: ClassVar[bool] = True  # `prefill_packed`: a ragged batch's prefill skips the padding
+    packs_ragged: ClassVar[bool] = True  # `prefill_packed` / `forward_packed`: a ragged batch's projections skip the padding
 
     def __init__(self, model: nn.Module, weights: WeightFormat = FLOAT, head: bool = True) -> None:
         """weights: how the decoder's projections are stored (`specdraft.linear_formats`; FLOAT = the
@@ -401,6 +402,36 @@ class FastStack:
         for i in range(self.num_layers):
             hidden = self._layer(i, hidden, rope, attend)
         out = hidden.new_zeros((batch, width, hidden.shape[-1]))  # [B, W, H]
+        out[valid] = self.norm(hidden)[0]
+        return out
+
+    def forward_packed(self, token_ids: Tensor, valid: Tensor, mask: Tensor, position_ids: Tensor) -> Tensor:
+        """A ragged batch's forward on token_ids [B, k] after the cache, of which valid [B, k] bool
+        are real tokens (rows that drafted fewer than the longest draft are padded): the projections
+        and the MLP run on the N real tokens packed into [1, N], attention runs per row over the
+        cache as `forward` does (mask [B, 1, k, S + k] and position_ids [B, k] from
+        `specdraft.ragged.RowLayout.inputs`). K/V of padding columns are zeros (masked by the row
+        layout). Returns post-norm hidden [B, k, H], zeros at the padding."""
+        batch, k = token_ids.shape
+        self._take_batch(batch)
+        assert self.kv is not None
+        kv = self.kv
+        hidden = self.embed(token_ids[valid][None])  # [1, N, H]
+        rope = rope_tables(*self.rotary_emb(hidden, position_ids=position_ids[valid][None]))  # [1, N, 1, D] each
+
+        def padded(packed: Tensor, heads: int) -> Tensor:  # [1, h, N, D] -> [B, h, k, D], zeros at padding
+            out = packed.new_zeros((batch, k, heads, self.head_dim))
+            out[valid] = packed[0].transpose(0, 1)
+            return out.transpose(1, 2)
+
+        def attend(i: int, q: Tensor, key: Tensor, val: Tensor) -> Tensor:
+            keys, values = kv.append(i, padded(key, self.kv_heads), padded(val, self.kv_heads))  # [B, kvh, S+k, D]
+            out = self._attention(padded(q, self.num_heads), keys, values, mask)  # [B, nh, k, D]
+            return out.transpose(1, 2)[valid].transpose(0, 1)[None]  # [1, nh, N, D]
+
+        for i in range(self.num_layers):
+            hidden = self._layer(i, hidden, rope, attend)
+        out = hidden.new_zeros((batch, k, hidden.shape[-1]))  # [B, k, H]
         out[valid] = self.norm(hidden)[0]
         return out
 

@@ -19,7 +19,7 @@ from specdraft.ragged import RowLayout
 class HFStack:
     """Decoder + final norm + lm_head of a Hugging Face model, with a `DynamicCache`."""
 
-    packs_ragged_prefill: ClassVar[bool] = False  # a ragged prefill runs padded, masked (the reference)
+    packs_ragged: ClassVar[bool] = False  # a ragged batch's forwards run padded, masked (the reference)
 
     def __init__(self, model: PreTrainedModel) -> None:
         self.config = model.config

@@ -175,6 +175,12 @@ class TargetModel:
         return self._stack.layout is not None
 
     @property
+    def packs_ragged(self) -> bool:
+        """Whether a ragged batch's forward runs the projections on its real tokens only (the fast
+        stack), so a row that brings fewer tokens costs less; else padding costs as much as a token."""
+        return self._stack.packs_ragged
+
+    @property
     def batch_size(self) -> int:
         """Rows in the KV cache (1 when it is empty)."""
         layers = self._stack.layer_tensors()
@@ -320,12 +326,15 @@ class TargetModel:
             if layout.width + token_ids.shape[1] > self.max_context:  # holes would outgrow the context
                 self._compact(force=True)
             new_valid = (torch.ones(token_ids.shape, dtype=torch.bool) if valid is None else valid).to(self.device)
-            if (layout.width == 0 and not features and token_ids.shape[1] > 1 and self._stack.packs_ragged_prefill
-                    and left_padded(new_valid)):  # a batch's prefill: no work on the padding
-                hidden, taps = self._stack.prefill_packed(token_ids, new_valid), None
+            packs = self._stack.packs_ragged and not features
+            if packs and layout.width == 0 and token_ids.shape[1] > 1 and left_padded(new_valid):
+                hidden, taps = self._stack.prefill_packed(token_ids, new_valid), None  # a batch's prefill
             else:
                 mask, positions = layout.inputs(new_valid, self._stack.embed(token_ids[:, :1]).dtype)
-                hidden, taps = self._stack.forward(token_ids, mask, positions, features)
+                if packs and layout.width > 0 and not bool(new_valid.all()):  # rows that drafted less
+                    hidden, taps = self._stack.forward_packed(token_ids, new_valid, mask, positions), None
+                else:
+                    hidden, taps = self._stack.forward(token_ids, mask, positions, features)
             layout.append(new_valid)
         elif attention_mask is not None or position_ids is not None:
             self.discard_prefix()

@@ -65,15 +65,27 @@ class ReferenceDrafter:
         return Draft(token_ids=ids, lengths=torch.tensor([len(r) for r in rows]))
 
 
+def late_stop_token(continuations: list[list[int]], row: int, earliest: int, budget: int) -> int:
+    """A stop token that `row` first emits at an index in [earliest, budget) and the other rows as
+    late as possible: a stop token the tiny model emits everywhere early would end the batch in
+    one round."""
+    def first(seq: list[int], tok: int) -> int:
+        return seq.index(tok) if tok in seq else len(seq)
+
+    own = [t for t in set(continuations[row]) if earliest <= first(continuations[row], t) < budget]
+    return max(own, key=lambda t: min(first(c, t) for c in continuations))
+
+
 @pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("k", [1, 3, 6])
 def test_every_row_equals_its_batch1_greedy_output(fast: bool, k: int) -> None:
     target = tiny_random_target(vocab_size=16, seed=1, fast=fast)
     conts = {tuple(p): plain_greedy(target, p, 40) for p in PROMPTS}
-    stop = conts[tuple(PROMPTS[2])][9]  # row 2 stops mid-block (others may too, at other rounds)
+    stop = late_stop_token([conts[tuple(p)] for p in PROMPTS], row=2, earliest=9, budget=23)  # rows stop at different rounds
     dec = SpeculativeDecoder(target, ReferenceDrafter(conts, 16), k)
     out = dec.generate_batch(PROMPTS, 23, stop_token_ids=[stop])  # 23: budgets end mid-block
     assert len(out) == len(PROMPTS) and out.stats.batch_size == len(PROMPTS)
+    assert len({len(r.token_ids[0]) for r in out}) > 1 and len(out.stats.live_rows_per_round) >= 4
     for p, row in zip(PROMPTS, out):
         want = plain_greedy(target, p, 23, [stop])
         assert row.token_ids[0].tolist() == want
@@ -92,14 +104,14 @@ class RecordingPolicy:
     def choose(self, k_max: int, batch_size: int = 1) -> int:
         return min(self.k, k_max)
 
-    def observe(self, num_drafted: int, num_accepted: int) -> None:
-        self.seen.append((num_drafted, num_accepted))
+    def observe(self, num_drafted: int, num_accepted: int, num_offered: int | None = None) -> None:
+        self.seen.append((num_drafted, num_accepted, num_offered))
 
 
-def test_a_batch_row_drafting_fewer_than_k_is_observed_as_a_rejection_where_its_draft_ends() -> None:
-    """In a batch every row pays for the round's K verified positions: the cost model must see a row's
-    shortfall as a rejection (else a drafter that often finds nothing, like n-gram, looks better at
-    b > 1 than it is); at batch 1 a shorter draft is a shorter forward and is observed as drafted."""
+def test_a_batch_row_drafting_fewer_than_k_is_observed_with_the_k_it_was_offered() -> None:
+    """In a batch the cost model must see a row's shortfall (else a drafter that often finds nothing,
+    like n-gram, looks better at b > 1 than it is): each row reports what it drafted and the round's
+    K; at batch 1 a shorter draft is a shorter forward and is observed as drafted, with no offer."""
     target = tiny_random_target(vocab_size=16, seed=1)
     conts = {tuple(p): plain_greedy(target, p, 40) for p in PROMPTS}
     for prompts in (PROMPTS, PROMPTS[:1]):
@@ -107,12 +119,29 @@ def test_a_batch_row_drafting_fewer_than_k_is_observed_as_a_rejection_where_its_
         policy = RecordingPolicy(4)
         dec._policy = lambda sampling, batch_size=1: policy  # the test's spy in place of the cost model
         out = dec.generate_batch(prompts, 20, stop_token_ids=[])
-        assert all(a <= d for d, a in policy.seen)
+        assert all(a <= d for d, a, _ in policy.seen)
+        assert sum(r.stats.drafted for r in out) == sum(d for d, _, _ in policy.seen)
+        offers = [o for _, _, o in policy.seen]
         if len(prompts) > 1:
-            assert max(d for d, _ in policy.seen) == 4
-            assert sum(r.stats.drafted for r in out) < sum(d for d, _ in policy.seen)  # shortfalls counted
+            batch_rows = [(d, o) for d, _, o in policy.seen if o is not None]  # None: one row was left
+            assert max(o for _, o in batch_rows) == 4 and all(d <= o for d, o in batch_rows)
+            assert any(d < o for d, o in batch_rows)  # shortfalls happened and were reported
         else:
-            assert sum(r.stats.drafted for r in out) == sum(d for d, _ in policy.seen)
+            assert offers == [None] * len(offers)
+
+
+def test_a_shortfall_counts_as_a_rejection_where_the_draft_ended() -> None:
+    """A batch row that drafted 1 of the 4 it was offered and had it accepted teaches the cost model
+    what a row that drafted 4 and had 1 accepted does (its round emitted as much)."""
+    curve = [1.0] * 9
+    short = make_draft_length_policy("auto", 8, curve, 0.0)
+    full = make_draft_length_policy("auto", 8, curve, 0.0)
+    assert isinstance(short, CostModelDraftLength) and isinstance(full, CostModelDraftLength)
+    for _ in range(10):
+        short.observe(1, 1, 4)
+        full.observe(4, 1)
+    assert short.acceptance() == pytest.approx(full.acceptance())
+    assert short.fill() == pytest.approx(1 - 0.75 * (1 - 0.95**10))
 
 
 def test_model_drafter_batch_matches_batch1_and_auto_runs() -> None:
@@ -174,6 +203,30 @@ def test_cost_model_stops_drafting_where_verification_is_compute_bound() -> None
         costly.observe(4, 2)
         costly.observe(4, 3)
     assert costly.choose(8, batch_size=1) >= 3 and costly.choose(8, batch_size=8) == 0
+
+
+def test_cost_model_reads_a_packing_targets_cost_at_the_drafted_fill() -> None:
+    """A quarter of a batch's rows draft (and are accepted), the rest find nothing: on a padded
+    target every row pays for K positions and drafting does not pay; a target that packs the ragged
+    batch pays for the drafted quarter only, so the same observations choose K > 0 there."""
+    flat = [1.0 + 0.02 * k for k in range(9)]
+    steep = [1.0 + 0.4 * k for k in range(9)]  # batch 16: each position of every row costs 0.4 of a step
+    policies = {packs: make_draft_length_policy("auto", 8, flat, 0.0, batch_curves={16: steep}, packs_ragged=packs)
+                for packs in (False, True)}
+    for policy in policies.values():
+        assert isinstance(policy, CostModelDraftLength)
+        for _ in range(40):
+            for row in range(16):
+                drafts = row % 4 == 0
+                policy.observe(4 if drafts else 0, 4 if drafts else 0, 4)
+    padded, packed = policies[False], policies[True]
+    assert isinstance(padded, CostModelDraftLength) and isinstance(packed, CostModelDraftLength)
+    assert 0.15 < packed.fill() < 0.35
+    assert padded.acceptance()[0] == pytest.approx(packed.acceptance()[0])  # shortfalls count as rejections
+    assert padded.choose(8, batch_size=16) == 0
+    assert packed.choose(8, batch_size=16) > 0
+    assert packed.verify_cost(4, 16) < padded.verify_cost(4, 16)
+    assert packed.verify_cost(4, 1) == padded.verify_cost(4, 1)  # alone, a shorter draft is already cheaper
 
 
 def test_bad_batches_are_named() -> None:

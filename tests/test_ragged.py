@@ -132,6 +132,42 @@ def test_packed_prefill_equals_the_masked_padded_prefill() -> None:
         assert not pk[~cols].any() and not pv[~cols].any()  # padding columns hold zeros, never NaN
 
 
+def test_packed_continuation_equals_the_masked_padded_forward() -> None:
+    """After a ragged prefill, a continuation whose rows bring different numbers of tokens (rows that
+    drafted less, right padded) gives, packed, the hidden states and K/V of every row's own columns
+    that the padded forward with the layout's mask gives; padding columns hold zeros."""
+    target = tiny_random_target(vocab_size=64, seed=5, hidden_size=32, num_layers=2, fast=True)
+    stack = target._stack  # the test drives both stack paths directly
+    prompts = [[3, 9, 4, 11, 20], [5, 6], [8, 1, 2]]
+    width = max(len(r) for r in prompts)
+    ids = torch.tensor([[0] * (width - len(r)) + r for r in prompts])  # [3, 5] left padded
+    valid = torch.tensor([[False] * (width - len(r)) + [True] * len(r) for r in prompts])
+    step = torch.tensor([[7, 12, 30, 2], [4, 0, 0, 0], [9, 10, 0, 0]])  # [3, 4]: 4, 1 and 2 own tokens
+    step_valid = step != 0
+    results = []
+    for packed in (True, False):
+        stack.reset(len(prompts))
+        layout = RowLayout(valid[:, :0])
+        stack.start_layout(layout)
+        mask, positions = layout.inputs(valid, torch.float32)
+        stack.forward(ids, mask, positions)
+        layout.append(valid)
+        mask, positions = layout.inputs(step_valid, torch.float32)
+        if packed:
+            hidden = stack.forward_packed(step, step_valid, mask, positions)
+        else:
+            hidden, _ = stack.forward(step, mask, positions)
+        results.append((hidden, [(k[:, :, width:].clone(), v[:, :, width:].clone()) for k, v in stack.layer_tensors()]))
+    (packed_hidden, packed_kv), (masked_hidden, masked_kv) = results
+    torch.testing.assert_close(packed_hidden[step_valid], masked_hidden[step_valid], atol=1e-5, rtol=1e-5)
+    assert not packed_hidden[~step_valid].any()
+    for (pk, pv), (mk, mv) in zip(packed_kv, masked_kv):
+        cols = step_valid[:, None, :, None].expand_as(pk)  # [B, kvh, 4, D]
+        torch.testing.assert_close(pk[cols], mk[cols], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(pv[cols], mv[cols], atol=1e-5, rtol=1e-5)
+        assert not pk[~cols].any() and not pv[~cols].any()
+
+
 def test_bad_crops_are_named() -> None:
     target = tiny_random_target(vocab_size=32, seed=0, hidden_size=16, num_layers=1)
     target.reset()
