@@ -16,6 +16,8 @@ repetitions first. Per method and b (`summarize_method`):
 
     throughput   new tokens of all rows / seconds of all batches of one repetition, median over
                  repetitions; speedup = throughput / AR's at the same b (HF: its ratio to our AR)
+    decode       the same with each batch's prefill left out (`decode_throughput`; our decoders
+                 only): long prompts make the prefill, which no drafter changes, a large share
     predicted    `predicted_batch_speedup`: the theory at batch b from the acceptance pooled over
                  rows, the K mix the batch chose and the verify curve measured at b
     latency      median over rows of a row's latency (batch start until the row finished)
@@ -213,6 +215,15 @@ def throughput(runs: Sequence[BatchRun]) -> float:
     return sum(r.new_tokens for r in runs) / seconds if seconds > 0 else 0.0
 
 
+def decode_throughput(runs: Sequence[BatchRun]) -> float | None:
+    """Tokens per second of one repetition after the prefill: new tokens / (seconds - prefill
+    seconds) of its batches; None for a peer (no prefill measured)."""
+    if not runs or any(r.stats is None for r in runs):
+        return None
+    seconds = sum(r.seconds - r.stats.prefill_s for r in runs if r.stats is not None)
+    return sum(r.new_tokens for r in runs) / seconds if seconds > 0 else None
+
+
 def pooled_acceptance_per_position(rows: Sequence[GenerationStats]) -> list[float]:
     """P(draft position i accepted | reached) over all rows: sum of accepted_i / sum of reached_i.
     Pooling the counts, not averaging each row's rates, weighs every draft token the same: a row
@@ -280,6 +291,11 @@ def summarize_method(
     stats = [r.stats for r in flat if r.stats is not None]
     if not rows or not stats:  # a peer: throughput and greedy match only
         return rec
+    decode = [decode_throughput(rep) for rep in runs]
+    ar_decode = [decode_throughput(rep) for rep in ar_runs]
+    if all(d is not None for d in decode + ar_decode):
+        rec["decode_tokens_per_s"] = statistics.median(d for d in decode if d is not None)
+        rec["decode_speedup"] = rec["decode_tokens_per_s"] / statistics.median(d for d in ar_decode if d is not None)
     drafted, rounds = sum(s.drafted for s in rows), sum(s.rounds for s in rows)
     k_per_round = [k for s in stats for k in s.drafted_per_round]
     t_q = draft_seconds_per_token(rows)
@@ -396,6 +412,8 @@ COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
     ("tok/s", lambda m: _cell(m["tokens_per_s"], ".1f")),
     ("speedup vs AR", lambda m: _cell(m["speedup"], ".2f", "x")),
     ("predicted", lambda m: _cell(m.get("predicted_speedup"), ".2f", "x")),
+    ("decode speedup", lambda m: _cell(m.get("decode_speedup"), ".2f", "x")),
+    ("prefill s", lambda m: _cell(m.get("prefill_s"), ".2f")),
     ("latency s", lambda m: _cell(m["latency_s"], ".3f")),
     ("acceptance", lambda m: _cell(m.get("acceptance_rate"))),
     ("mean K", lambda m: _cell(m.get("mean_k"))),
@@ -415,7 +433,7 @@ def render_markdown(result: dict[str, Any]) -> str:
         f"every method interleaved; timed repetitions {result['repetitions']}, untimed first {result['warmup']}. "
         "tok/s = new tokens of all rows / seconds of all batches (median over repetitions); speedup = tok/s / AR's "
         "at the same b; predicted = the theory at b (acceptance pooled over rows, the K the batch chose, the verify "
-        "curve measured at b); latency = median over rows of batch start to the row's end; mean K = draft tokens "
+        "curve measured at b); decode speedup = the same without the prefills (median prefill s per batch); latency = median over rows of batch start to the row's end; mean K = draft tokens "
         "chosen per batched round.\n")
     for warning in result.get("machine", {}).get("warnings", []):
         lines.append(f"**warning:** {warning}\n")
@@ -429,6 +447,10 @@ def render_markdown(result: dict[str, Any]) -> str:
         cells = [_speedup_cell(s["methods"].get(method, {})) for s in sizes]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     lines.append("")
+    lines.append("Decode speedup (prefill left out): " + "; ".join(
+        f"{method} " + ", ".join(f"b={s['batch_size']} {_cell(s['methods'].get(method, {}).get('decode_speedup'), '.2f', 'x')}"
+                                 for s in sizes)
+        for method in result["methods"] if method != result["baseline"]) + ".\n")
     ar_tps = [(s["batch_size"], s["methods"][result["baseline"]]["tokens_per_s"]) for s in sizes]
     if ar_tps and ar_tps[0][1] > 0:  # how far batching alone amortises the weights
         lines.append(f"Batched {result['baseline']} throughput vs b={ar_tps[0][0]}: " + ", ".join(

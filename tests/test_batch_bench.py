@@ -51,6 +51,8 @@ def test_the_prediction_is_the_theory_of_the_batch_k_mix_at_its_curve() -> None:
     ar = batch_bench.BatchRun(0.3, [[1] * 4], [row([(0, 0)] * 4)],
                               SimpleNamespace(total_s=0.3, prefill_s=0.1, rounds=4))  # type: ignore[arg-type]
     assert batch_bench.plain_step_seconds([ar, ar]) == pytest.approx(0.05)
+    assert batch_bench.decode_throughput([run, ar]) == pytest.approx((8 + 4) / (0.15 + 0.2))  # prefills left out
+    assert batch_bench.decode_throughput([batch_bench.BatchRun(0.2, [[1] * 5])]) is None  # a peer: no prefill
 
 
 def test_batches_are_consecutive_prompts_wrapping_around_the_suite() -> None:
@@ -113,9 +115,12 @@ def test_a_sweep_over_batch_sizes_1_and_2(hydra_conf: None, tmp_path: Path) -> N
         for m in (ngram, hf):
             assert math.isfinite(m["speedup"]) and m["speedup"] > 0 and m["tokens_per_s"] > 0
         assert math.isfinite(ngram["predicted_speedup"]) and 0 < ngram["mean_k"] <= 3
+        assert ar["decode_speedup"] == pytest.approx(1.0) and ngram["decode_speedup"] > 0
+        assert "decode_speedup" not in hf
         assert ngram["greedy_match"] is True and ar["greedy_match"] is True
         assert len(size["verify_curve"]) > 3 and size["ar_step_s"] > 0
     md = (out / "results.md").read_text()
     assert "## Batch sizes" in md and "### batch size 2" in md and "| method | b=1 | b=2 |" in md
-    assert "| method | tok/s | speedup vs AR | predicted | latency s | acceptance | mean K | greedy = AR |" in md
+    assert ("| method | tok/s | speedup vs AR | predicted | decode speedup | prefill s | latency s | acceptance | mean K "
+            "| greedy = AR |") in md and "Decode speedup (prefill left out): ngram b=1 " in md
     assert (out / "speedup_vs_batch.png").stat().st_size > 0
