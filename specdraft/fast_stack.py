@@ -210,6 +210,14 @@ class KVBuffer:
         return [(k[:, :, :n], v[:, :, :n]) for k, v, n in zip(self.keys, self.values, self.lengths)]
 
 
+def unpack_heads(packed: Tensor, valid: Tensor) -> Tensor:
+    """Per-head states of N packed tokens [1, h, N, D] back into their rows' places [B, h, W, D]
+    (valid [B, W] bool, N = valid.sum()), zeros at the padding."""
+    out = packed.new_zeros((*valid.shape, packed.shape[1], packed.shape[3]))  # [B, W, h, D]
+    out[valid] = packed[0].transpose(0, 1)
+    return out.transpose(1, 2)
+
+
 class FastStack:
     """The decoder layers, final norm and lm_head of a Llama-family model with packed weights and
     a `KVBuffer`; same interface as `HFStack` (see specdraft/target.py)."""
@@ -388,13 +396,8 @@ class FastStack:
         hidden = self.embed(token_ids[valid][None])  # [1, N, H]
         rope = rope_tables(*self.rotary_emb(hidden, position_ids=positions[None]))  # [1, N, 1, D] each
 
-        def padded(packed: Tensor) -> Tensor:  # [1, kvh, N, D] -> [B, kvh, W, D], zeros at padding
-            out = packed.new_zeros((batch, width, self.kv_heads, self.head_dim))
-            out[valid] = packed[0].transpose(0, 1)
-            return out.transpose(1, 2)
-
         def attend(i: int, q: Tensor, key: Tensor, val: Tensor) -> Tensor:
-            kv.append(i, padded(key), padded(val))
+            kv.append(i, unpack_heads(key, valid), unpack_heads(val, valid))
             rows = zip(q.split(lengths, dim=2), key.split(lengths, dim=2), val.split(lengths, dim=2))
             return torch.cat([self._attention(qr, kr, vr, None, causal=True)  # [1, nh, n_i, D] each
                               for qr, kr, vr in rows if qr.shape[2] > 0], dim=2)  # [1, nh, N, D]
@@ -419,14 +422,9 @@ class FastStack:
         hidden = self.embed(token_ids[valid][None])  # [1, N, H]
         rope = rope_tables(*self.rotary_emb(hidden, position_ids=position_ids[valid][None]))  # [1, N, 1, D] each
 
-        def padded(packed: Tensor, heads: int) -> Tensor:  # [1, h, N, D] -> [B, h, k, D], zeros at padding
-            out = packed.new_zeros((batch, k, heads, self.head_dim))
-            out[valid] = packed[0].transpose(0, 1)
-            return out.transpose(1, 2)
-
         def attend(i: int, q: Tensor, key: Tensor, val: Tensor) -> Tensor:
-            keys, values = kv.append(i, padded(key, self.kv_heads), padded(val, self.kv_heads))  # [B, kvh, S+k, D]
-            out = self._attention(padded(q, self.num_heads), keys, values, mask)  # [B, nh, k, D]
+            keys, values = kv.append(i, unpack_heads(key, valid), unpack_heads(val, valid))  # [B, kvh, S+k, D]
+            out = self._attention(unpack_heads(q, valid), keys, values, mask)  # [B, nh, k, D]
             return out.transpose(1, 2)[valid].transpose(0, 1)[None]  # [1, nh, N, D]
 
         for i in range(self.num_layers):
