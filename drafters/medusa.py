@@ -13,6 +13,11 @@ which is still a valid q for the lossless verifier), or a candidate tree (plain 
 paths) verified in one forward with a tree mask (`specdraft.tree`): greedily at temperature 0, by
 rejection sampling over the siblings (one-hot q, residual renormalised) at temperature > 0.
 
+Copy first (`copy_ngram`, on by default): where the last copy_ngram..copy_max_ngram committed tokens
+occurred earlier in the context, the round drafts what followed them there (prompt lookup) instead
+of the heads' guess (`drafters.copy_first`): the heads guess new text, copying is right where text
+repeats. `copy_ngram=null` drafts with the heads alone.
+
 Trees at batch size 1 only, a chain at B > 1: the decoder verifies a tree with one tree mask for
 the whole batch (`specdraft.tree`), so a batch (`generate_batch`) gets every row's chain from the
 heads, drafted for all rows at once.
@@ -27,7 +32,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from drafters.copy_first import copy_first
 from drafters.medusa_forms import CompiledHeads, PackedHeads, PackedRecurrentHeads
+from drafters.ngram import NGramDrafter
 from drafters.medusa_tree import (
     AUTO,
     MAX_TREE_NODES,
@@ -74,6 +81,9 @@ class MedusaDrafter:
         (pruned_vocab.json, the one they were trained on), much cheaper than the full lm_head;
         None = the full vocabulary; or a path / `specdraft.vocab.PrunedVocab`. Tokens outside it
         are never proposed; verification stays exact either way.
+    copy_ngram: None = the heads alone; else a round whose last copy_ngram..copy_max_ngram tokens
+        occurred earlier in the context drafts what followed them there (longest suffix first, the
+        most recent occurrence) instead of the heads' draft (module docstring).
 
     Batched: the tree at batch size 1 only; at B > 1 the chain for all rows at once (module
     docstring: one tree mask per batch). No per-row state.
@@ -92,8 +102,18 @@ class MedusaDrafter:
         num_heads: int | None = None,
         tree: TreeSpec = AUTO,
         pruned_vocab: str | Path | PrunedVocab | None = AUTO,
+        copy_ngram: int | None = 2,
+        copy_max_ngram: int = 4,
     ) -> None:
         check_tree_spec(tree)
+        if copy_ngram is not None and not 1 <= copy_ngram <= copy_max_ngram:
+            raise ValueError(
+                f"need 1 <= copy_ngram <= copy_max_ngram, got copy_ngram={copy_ngram}, "
+                f"copy_max_ngram={copy_max_ngram}; set copy_ngram=null to draft with the heads alone."
+            )
+        self.copy_ngram = copy_ngram
+        self.copy_max_ngram = copy_max_ngram
+        self._copier = None if copy_ngram is None else NGramDrafter(copy_ngram, copy_max_ngram)
         self.heads_source = heads
         self.num_heads = num_heads
         self.tree_spec = tree
@@ -153,17 +173,23 @@ class MedusaDrafter:
             self.paths = resolve_tree(self.tree_spec, self._accuracy, k)
 
     def reset(self) -> None:
-        """No per-prompt state: the heads only read the target's hidden state."""
+        """New prompt: the heads keep nothing; the copy index starts over."""
+        if self._copier is not None:
+            self._copier.reset()
 
     def learn(self, token_ids: torch.Tensor, prompt_len: int) -> dict[str, Any]:
         """Nothing is kept across requests."""
         return {}
 
     def commit(self, ctx: DraftContext, num_accepted: Sequence[int]) -> None:
-        """Nothing to roll back."""
+        """The heads have nothing to roll back; the copy index catches up on the committed tokens."""
+        if self._copier is not None:
+            self._copier.commit(ctx, num_accepted)
 
     def keep_rows(self, rows: Sequence[int]) -> None:
-        """No per-row state: the hidden states come with every DraftContext."""
+        """The hidden states come with every DraftContext; only the copy index is per row."""
+        if self._copier is not None:
+            self._copier.keep_rows(rows)
 
     def head_logits(self, hidden: Tensor) -> Tensor:
         """hidden [B, H] -> logits [B, K, M] of the heads in use (M = the pruned vocabulary's size or V)."""
@@ -180,6 +206,14 @@ class MedusaDrafter:
         batch = ctx.batch_size
         if batch == 1:
             self._size_auto_tree(ctx)  # a tree is drafted at batch size 1 only
+        if self._copier is None or num_tokens <= 0:
+            return self._propose_heads(ctx, num_tokens)
+        copy = self._copier.propose(ctx, num_tokens)  # [B, <= K] with lengths, 0 = no match
+        return copy_first(copy, lambda: self._propose_heads(ctx, num_tokens), self.model_vocab)
+
+    def _propose_heads(self, ctx: DraftContext, num_tokens: int) -> Draft:
+        """The heads' draft: a chain, or the candidate tree at batch size 1."""
+        batch = ctx.batch_size
         hidden = ctx.target_hidden  # [B, H] or None
         empty = torch.empty((batch, 0), dtype=torch.long, device=ctx.token_ids.device)
         if hidden is None or num_tokens <= 0:

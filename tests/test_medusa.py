@@ -43,9 +43,10 @@ def random_heads(target: TargetModel, num_heads: int = 3, seed: int = 0, scale: 
 
 
 def drafter_with(target: TargetModel, tree=None, seed: int = 0, rows=None,  # noqa: ANN001
-                 recurrent: bool = False) -> MedusaDrafter:
+                 recurrent: bool = False, copy_ngram: int | None = None) -> MedusaDrafter:
+    """Random heads (the heads alone unless copy_ngram is set: the copy-first tests set it)."""
     vocab = None if rows is None else PrunedVocab(rows, target.vocab_size)
-    drafter = MedusaDrafter(heads=None, tree=tree, pruned_vocab=vocab)
+    drafter = MedusaDrafter(heads=None, tree=tree, pruned_vocab=vocab, copy_ngram=copy_ngram)
     drafter.attach(random_heads(target, seed=seed, recurrent=recurrent))
     return drafter
 
@@ -387,3 +388,57 @@ def test_a_tree_drafter_in_a_batch_that_shrinks_to_one_row(tiny_target: TargetMo
     stop = [int(dec.generate(prompts[1], 12, stop_token_ids=[]).token_ids[0, 1])]
     batch = batch_equals_one_by_one(dec, prompts, 12, stop)
     assert batch[1].stats.new_tokens == 2 and batch[0].stats.new_tokens > batch[1].stats.new_tokens + 1
+
+
+# ------------------------------------------------------------------------------- copy first
+def test_copy_first_drafts_the_copy_where_the_context_repeats(tiny_target: TargetModel) -> None:
+    """The last 2 tokens [1, 2] occurred before, followed by [3, 4, 1]: that is the draft (one-hot q,
+    even when sampling); a context without a repeat gets the heads' draft, the same as the heads alone."""
+    drafter = drafter_with(tiny_target, tree=TREE, copy_ngram=2)
+    heads_alone = MedusaDrafter(heads=None, tree=TREE, copy_ngram=None)
+    heads_alone.attach(drafter.model)
+    hidden = torch.randn(1, tiny_target.hidden_size)
+    for sampling in (SamplingConfig(), SamplingConfig(temperature=1.0)):
+        ctx = DraftContext(torch.tensor([[1, 2, 3, 4, 1, 2]]), hidden, sampling, torch.Generator())
+        draft = drafter.propose(ctx, 3)
+        assert draft.token_ids.tolist() == [[3, 4, 1]] and draft.probs is None and draft.parents is None
+    drafter.reset()
+    ctx = DraftContext(torch.tensor([[1, 2, 3, 4]]), hidden, SamplingConfig(), torch.Generator())
+    draft, alone = drafter.propose(ctx, 5), heads_alone.propose(ctx, 5)
+    assert draft.parents is not None and torch.equal(draft.token_ids, alone.token_ids)
+    with pytest.raises(ValueError, match="copy_ngram"):
+        MedusaDrafter(heads=None, copy_ngram=3, copy_max_ngram=2)
+
+
+@pytest.mark.parametrize("tree", [None, TREE], ids=["chain", "tree"])
+@pytest.mark.parametrize("recurrent", [False, True], ids=["plain", "recurrent"])
+def test_copy_first_greedy_equals_plain_greedy(tree, recurrent: bool) -> None:  # noqa: ANN001
+    from specdraft.models import tiny_random_target
+
+    target = tiny_random_target(vocab_size=16, seed=9)  # a seed whose outputs repeat
+    drafter = drafter_with(target, tree=tree, seed=1, recurrent=recurrent, copy_ngram=2)
+    dec = SpeculativeDecoder(target, drafter, num_draft_tokens=len(TREE) if tree else 3)
+    prompt = [1, 5, 3, 7, 1, 5]
+    out = dec.generate(prompt, max_new_tokens=40, stop_token_ids=[])
+    assert out.token_ids[0].tolist() == plain_greedy(target, prompt, 40)
+    assert out.stats.rounds < 40
+
+
+@pytest.mark.parametrize("recurrent", [False, True], ids=["plain", "recurrent"])
+def test_copy_first_batch_equals_one_by_one(recurrent: bool) -> None:
+    from specdraft.models import tiny_random_target
+
+    target = flat_verify_costs(tiny_random_target(vocab_size=16, seed=9))
+    drafter = drafter_with(target, seed=0, recurrent=recurrent, copy_ngram=2)
+    check_batches(SpeculativeDecoder(target, drafter, num_draft_tokens=3))
+
+
+def test_copy_first_is_lossless_at_temperature_one(tiny_target: TargetModel) -> None:
+    """The prompt ends in a repeat, so the first round drafts the copy; the rest as the heads say."""
+    sampling = SamplingConfig(temperature=1.0)
+    drafter = drafter_with(tiny_target, seed=3, copy_ngram=1)
+    dec = SpeculativeDecoder(tiny_target, drafter, num_draft_tokens=2, sampling=sampling)
+    prompt = [2, 9, 4, 2, 9]
+    counts = sample_two_tokens(dec, prompt, n=1200, vocab=tiny_target.vocab_size, new_tokens=3)
+    exact = exact_two_token_distribution(tiny_target, prompt, sampling)
+    assert pooled_chisquare(counts, exact) > 1e-4

@@ -1,0 +1,60 @@
+"""Copy first: rows whose recent tokens occurred earlier draft the copy, the others the model's draft.
+
+A trained drafter guesses new text from what it learned; where the text repeats itself (quotes, names,
+code edits, a multi-turn chat that returns to earlier words) copying what followed the earlier
+occurrence is right far more often, and costs nothing. SAM-Decoding (Hu et al., 2024) combines the
+two the same way: a retrieval draft where the current suffix matched earlier text, the model's draft
+elsewhere. The choice depends only on the committed tokens, never on a random draw, so each round's
+q is still a well-defined proposal (one-hot for a copy) and verification stays lossless.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from specdraft.protocol import Draft
+
+
+def copy_first(copy: Draft, model: Callable[[], Draft], vocab_size: int) -> Draft:
+    """Each row's copy where it has one (copy: a deterministic chain, `Draft.lengths` 0 = no match),
+    else the model's draft for that row; `model` is called only when some row has no copy.
+
+    At batch size 1 the model's draft is returned as it is (a chain or a candidate tree). In a batch
+    the model's draft must be a chain; rows are padded to the longest (`Draft.lengths`), and when the
+    model returns q (`Draft.probs`, sampling) copied rows get a one-hot q over `vocab_size` ids.
+    """
+    batch, k_copy = copy.token_ids.shape
+    copy_len = copy.lengths.tolist() if copy.lengths is not None else [k_copy] * batch
+    if min(copy_len) > 0:
+        return copy
+    drafted = model()
+    if batch == 1:
+        return drafted
+    if drafted.parents is not None:
+        raise ValueError("copy_first merges chains in a batch; a candidate tree verifies at batch size 1 only.")
+    k_model = drafted.num_tokens
+    model_len = drafted.lengths.tolist() if drafted.lengths is not None else [k_model] * batch
+    if max(copy_len) == 0:
+        return drafted
+    use_copy = [n > 0 for n in copy_len]
+    lengths = [c if u else m for c, m, u in zip(copy_len, model_len, use_copy)]
+    k = max(lengths)
+    ids = torch.zeros((batch, k), dtype=torch.long, device=drafted.token_ids.device)  # [B, K]
+    probs = None
+    if drafted.probs is not None:
+        probs = torch.zeros((batch, k, vocab_size), dtype=drafted.probs.dtype, device=drafted.probs.device)  # [B, K, V]
+    for row, (n, copied) in enumerate(zip(lengths, use_copy)):
+        if copied:
+            ids[row, :n] = copy.token_ids[row, :n].to(ids.device)
+            if probs is not None:
+                probs[row, torch.arange(n), ids[row, :n].to(probs.device)] = 1.0
+        else:
+            ids[row, :n] = drafted.token_ids[row, :n]
+            if probs is not None:
+                probs[row, :n] = drafted.probs[row, :n]
+    if probs is not None:
+        probs[:, :, 0] += (torch.arange(k, device=probs.device)[None] >= torch.tensor(lengths, device=probs.device)[:, None]).to(probs.dtype)  # padding: a valid one-hot
+    same = min(lengths) == k
+    return Draft(token_ids=ids, probs=probs, lengths=None if same else torch.tensor(lengths, dtype=torch.long))
