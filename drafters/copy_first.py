@@ -10,11 +10,44 @@ q is still a well-defined proposal (one-hot for a copy) and verification stays l
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
-from specdraft.protocol import Draft
+from drafters.ngram import NGramDrafter
+from specdraft.protocol import Draft, DraftContext
+
+
+class CopyFirst:
+    """The copy source of a model drafter: the n-gram drafter over each row's committed tokens (the
+    last min_ngram..max_ngram tokens, longest first, the most recent occurrence), or off (min_ngram
+    None). The owning drafter forwards reset / commit / keep_rows and drafts through `propose`."""
+
+    def __init__(self, min_ngram: int | None, max_ngram: int) -> None:
+        if min_ngram is not None and not 1 <= min_ngram <= max_ngram:
+            raise ValueError(
+                f"need 1 <= copy_ngram <= copy_max_ngram, got copy_ngram={min_ngram}, "
+                f"copy_max_ngram={max_ngram}; set copy_ngram=null to draft with the model alone."
+            )
+        self._ngram = None if min_ngram is None else NGramDrafter(min_ngram, max_ngram)
+
+    def propose(self, ctx: DraftContext, num_tokens: int, model: Callable[[], Draft], vocab_size: int) -> Draft:
+        """Each row's copy where its context repeats, else `model()`'s draft (`copy_first`)."""
+        if self._ngram is None or num_tokens <= 0:
+            return model()
+        return copy_first(self._ngram.propose(ctx, num_tokens), model, vocab_size)
+
+    def reset(self) -> None:
+        if self._ngram is not None:
+            self._ngram.reset()
+
+    def commit(self, ctx: DraftContext, num_accepted: Sequence[int]) -> None:
+        if self._ngram is not None:
+            self._ngram.commit(ctx, num_accepted)
+
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        if self._ngram is not None:
+            self._ngram.keep_rows(rows)
 
 
 def copy_first(copy: Draft, model: Callable[[], Draft], vocab_size: int) -> Draft:

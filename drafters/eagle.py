@@ -22,6 +22,10 @@ probable paths (all of a depth in one head pass, with a tree mask over the head'
 best nodes are kept, as many as the target's measured verify-cost curve pays for. The candidates are deterministic, so the tree verifier
 (`specdraft.tree`) keeps the output exact at any temperature.
 
+Copy first (`copy_ngram`, on by default, `drafters.copy_first`): a round whose last tokens occurred
+earlier in the context drafts what followed them there instead of the head (the head still takes
+that round's verified features).
+
 Batch size 1 (`batched = False`: per-row feature streams are not built yet).
 """
 
@@ -34,6 +38,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
+from drafters.copy_first import CopyFirst
 from drafters.eagle_tree import best_nodes, expansion_mask, grow_tree, node_budget
 from specdraft import costs
 from specdraft.draft_loop import draft_autoregressively
@@ -60,6 +65,8 @@ class EagleDrafter:
         nodes than the round's K (the decoder's cap on what one verify forward scores).
     tree_topk: a tree's width: the paths expanded at every depth, and the children of each.
     tree_depth: how many tokens deep a tree grows (depth - 1 head passes after the first).
+    copy_ngram: None = the head alone; else a round whose last copy_ngram..copy_max_ngram tokens
+        occurred earlier in the context drafts what followed them there (`drafters.copy_first`).
     """
 
     needs_target_hidden: ClassVar[bool] = False
@@ -70,7 +77,8 @@ class EagleDrafter:
 
     def __init__(self, head: str | Path | EagleHead | None = "smollm2-135m", seed: int = 0,
                  aux_layers: Sequence[int] | None = None, draft_ids: Sequence[int] | None = None,
-                 tree: int | str | None = None, tree_topk: int = 4, tree_depth: int = 5) -> None:
+                 tree: int | str | None = None, tree_topk: int = 4, tree_depth: int = 5,
+                 copy_ngram: int | None = 2, copy_max_ngram: int = 4) -> None:
         if tree is not None and tree != "auto" and (isinstance(tree, bool) or not isinstance(tree, int)
                                                     or not 1 <= tree <= MAX_TREE_NODES):
             raise ValueError(f"tree must be null (a chain), \"auto\" or a node count in [1, {MAX_TREE_NODES}], "
@@ -79,6 +87,8 @@ class EagleDrafter:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
         self.tree, self.tree_topk, self.tree_depth = tree, tree_topk, tree_depth
+        self.copy_ngram, self.copy_max_ngram = copy_ngram, copy_max_ngram
+        self._copy = CopyFirst(copy_ngram, copy_max_ngram)
         self.head_source = head
         self.seed, self.aux_layers, self.draft_ids = seed, aux_layers, draft_ids
         self.head: EagleHead | None = head if isinstance(head, EagleHead) else None
@@ -123,6 +133,11 @@ class EagleDrafter:
             return empty  # a one-token prompt: no verified feature yet
         if self._fed + self._num_pending() != ctx.token_ids.shape[1] - 1:
             raise ValueError("the EAGLE-3 drafter lost track of the target's features (it needs every round's).")
+        assert self._target is not None
+        return self._copy.propose(ctx, num_tokens, lambda: self._head_draft(ctx, num_tokens), self._target.vocab_size)
+
+    def _head_draft(self, ctx: DraftContext, num_tokens: int) -> Draft:
+        """The head's draft (a chain or a dynamic tree) after feeding it the pending verified pairs."""
         if self._cache is not None:
             self._cache.crop(self._fed)  # last round's drafted entries go
         with torch.inference_mode():
@@ -132,6 +147,7 @@ class EagleDrafter:
 
     def commit(self, ctx: DraftContext, num_accepted: Sequence[int]) -> None:
         self._take(ctx)
+        self._copy.commit(ctx, num_accepted)
 
     def keep_rows(self, rows: Sequence[int]) -> None:
         if list(rows) != [0]:
@@ -139,6 +155,7 @@ class EagleDrafter:
 
     def reset(self) -> None:
         self._cache, self._fed, self._pending, self._last = None, 0, None, None
+        self._copy.reset()
 
     def learn(self, token_ids: Tensor, prompt_len: int) -> dict[str, Any]:
         return {}

@@ -16,6 +16,9 @@ A context adapter (`ExitAdapter(context=True)`) also reads the final-layer hidde
 position before each draft position: the target's own (`DraftContext.target_hidden`) for the first
 draft token, the exit's own output for the next ones.
 
+Copy first (`copy_ngram`, on by default, `drafters.copy_first`): a round whose last tokens occurred
+earlier in the context drafts what followed them there instead of running the exit.
+
 Batch size 1 only (`batched = False`): the shared cache is one prefix of layers < E that the draft
 and the verify forward share, and `TargetModel.forward_prefix` runs it for one sequence, not on
 ragged rows; decode a batch's prompts one by one.
@@ -33,6 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
+from drafters.copy_first import CopyFirst
 from specdraft.draft_loop import draft_autoregressively
 from specdraft.formats.exit_adapter import (
     ExitAdapter,
@@ -99,6 +103,8 @@ class EarlyExitDrafter:
         vocabulary); None = the full vocabulary; a path to a `PrunedVocab` JSON; or a `PrunedVocab`.
         The exit then projects onto that subset of ids only (q is zero elsewhere, so verification
         stays exact): the full lm_head is most of a shallow exit's cost.
+    copy_ngram: None = the exit alone; else a round whose last copy_ngram..copy_max_ngram tokens
+        occurred earlier in the context drafts what followed them there (`drafters.copy_first`).
 
     Batch size 1 only: the shared layer-< E cache (`TargetModel.forward_prefix`) is one sequence's.
     """
@@ -116,7 +122,11 @@ class EarlyExitDrafter:
         adapter: str | Path | None = "smollm2-135m",
         share_kv: bool = True,
         pruned_vocab: str | Path | PrunedVocab | None = AUTO,
+        copy_ngram: int | None = 2,
+        copy_max_ngram: int = 4,
     ) -> None:
+        self.copy_ngram, self.copy_max_ngram = copy_ngram, copy_max_ngram
+        self._copy = CopyFirst(copy_ngram, copy_max_ngram)
         self.adapter: ExitAdapter | None = None
         self.adapter_meta: dict = {}  # adapter_config.json (the target it was trained for, how)
         self.adapter_dir = resolve_adapter(adapter)
@@ -166,14 +176,17 @@ class EarlyExitDrafter:
         self._target = target
 
     def reset(self) -> None:
-        """No own state: the shared cache lives in the target."""
+        """The shared cache lives in the target; the copy index starts over."""
+        self._copy.reset()
 
     def learn(self, token_ids: torch.Tensor, prompt_len: int) -> dict[str, Any]:
         """Nothing is kept across requests."""
         return {}
 
     def commit(self, ctx: DraftContext, num_accepted: Sequence[int]) -> None:
-        """Nothing to roll back: the target's crop already cut the shared cache."""
+        """Nothing to roll back (the target's crop already cut the shared cache); the copy index
+        catches up on the committed tokens."""
+        self._copy.commit(ctx, num_accepted)
 
     def keep_rows(self, rows: Sequence[int]) -> None:
         """Batch size 1: keeping row 0 is a no-op; anything else is not a batch this drafter ran."""
@@ -199,6 +212,12 @@ class EarlyExitDrafter:
                 f"the target caches {target.cache_length} positions but the context has "
                 f"{ctx.token_ids.shape[1]} tokens; early exit expects all but the newest cached."
             )
+        return self._copy.propose(ctx, num_tokens, lambda: self._exit_draft(ctx, num_tokens), target.vocab_size)
+
+    def _exit_draft(self, ctx: DraftContext, num_tokens: int) -> Draft:
+        """The exit's own draft: K tokens through layers < E (+ adapter), on the shared cache."""
+        target = self._target
+        assert target is not None
         prev = None
         if self.adapter is not None and self.adapter.context:  # final hidden before the newest token
             prev = ctx.target_hidden if ctx.target_hidden is not None else target.lm_head.weight.new_zeros(

@@ -32,9 +32,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from drafters.copy_first import copy_first
+from drafters.copy_first import CopyFirst
 from drafters.medusa_forms import CompiledHeads, PackedHeads, PackedRecurrentHeads
-from drafters.ngram import NGramDrafter
 from drafters.medusa_tree import (
     AUTO,
     MAX_TREE_NODES,
@@ -106,14 +105,9 @@ class MedusaDrafter:
         copy_max_ngram: int = 4,
     ) -> None:
         check_tree_spec(tree)
-        if copy_ngram is not None and not 1 <= copy_ngram <= copy_max_ngram:
-            raise ValueError(
-                f"need 1 <= copy_ngram <= copy_max_ngram, got copy_ngram={copy_ngram}, "
-                f"copy_max_ngram={copy_max_ngram}; set copy_ngram=null to draft with the heads alone."
-            )
         self.copy_ngram = copy_ngram
         self.copy_max_ngram = copy_max_ngram
-        self._copier = None if copy_ngram is None else NGramDrafter(copy_ngram, copy_max_ngram)
+        self._copy = CopyFirst(copy_ngram, copy_max_ngram)
         self.heads_source = heads
         self.num_heads = num_heads
         self.tree_spec = tree
@@ -174,8 +168,7 @@ class MedusaDrafter:
 
     def reset(self) -> None:
         """New prompt: the heads keep nothing; the copy index starts over."""
-        if self._copier is not None:
-            self._copier.reset()
+        self._copy.reset()
 
     def learn(self, token_ids: torch.Tensor, prompt_len: int) -> dict[str, Any]:
         """Nothing is kept across requests."""
@@ -183,13 +176,11 @@ class MedusaDrafter:
 
     def commit(self, ctx: DraftContext, num_accepted: Sequence[int]) -> None:
         """The heads have nothing to roll back; the copy index catches up on the committed tokens."""
-        if self._copier is not None:
-            self._copier.commit(ctx, num_accepted)
+        self._copy.commit(ctx, num_accepted)
 
     def keep_rows(self, rows: Sequence[int]) -> None:
         """The hidden states come with every DraftContext; only the copy index is per row."""
-        if self._copier is not None:
-            self._copier.keep_rows(rows)
+        self._copy.keep_rows(rows)
 
     def head_logits(self, hidden: Tensor) -> Tensor:
         """hidden [B, H] -> logits [B, K, M] of the heads in use (M = the pruned vocabulary's size or V)."""
@@ -206,10 +197,7 @@ class MedusaDrafter:
         batch = ctx.batch_size
         if batch == 1:
             self._size_auto_tree(ctx)  # a tree is drafted at batch size 1 only
-        if self._copier is None or num_tokens <= 0:
-            return self._propose_heads(ctx, num_tokens)
-        copy = self._copier.propose(ctx, num_tokens)  # [B, <= K] with lengths, 0 = no match
-        return copy_first(copy, lambda: self._propose_heads(ctx, num_tokens), self.model_vocab)
+        return self._copy.propose(ctx, num_tokens, lambda: self._propose_heads(ctx, num_tokens), self.model_vocab)
 
     def _propose_heads(self, ctx: DraftContext, num_tokens: int) -> Draft:
         """The heads' draft: a chain, or the candidate tree at batch size 1."""

@@ -455,3 +455,18 @@ def test_shipped_head_greedy_exact_on_default_target(default_target: TargetModel
     out = dec.generate(prompt, max_new_tokens=32, stop_token_ids=[])
     assert out.token_ids[0].tolist() == plain_greedy(default_target, prompt, 32)
     assert out.stats.rounds < 32  # the trained head's drafts are accepted
+
+
+@pytest.mark.parametrize("tree", [None, 5], ids=["chain", "tree"])
+def test_copy_first_rounds_keep_the_head_on_the_features(tree: int | None) -> None:
+    """With copy_ngram=1 most rounds copy; the head still takes every round's verified features (it
+    would raise "lost track" otherwise), and the output is plain greedy's."""
+    target = four_layer_target(seed=4)
+    drafter_ = EagleDrafter(None, seed=2, aux_layers=LAYERS, tree=tree, tree_topk=2, copy_ngram=1)
+    head_rounds = []
+    head_draft = drafter_._head_draft
+    drafter_._head_draft = lambda ctx, k: head_rounds.append(k) or head_draft(ctx, k)  # type: ignore[method-assign]
+    prompt = [1, 5, 3, 7, 1]
+    out = SpeculativeDecoder(target, drafter_, num_draft_tokens=5).generate(prompt, 40, stop_token_ids=[])
+    assert out.token_ids[0].tolist() == plain_greedy(target, prompt, 40)
+    assert 0 < len(head_rounds) < out.stats.rounds

@@ -91,7 +91,7 @@ def test_context_adapter_reads_the_target_feature_then_its_own(deep_target: Targ
     adapter = random_adapter(context=True)
     with torch.no_grad():
         adapter.up[0].weight[:, 32:] *= 10  # let the feature move q visibly
-    drafter = EarlyExitDrafter(exit_layer=2, adapter=None)
+    drafter = EarlyExitDrafter(exit_layer=2, adapter=None, copy_ngram=None)  # the exit itself
     drafter.adapter = adapter
     drafter.bind(deep_target)
     sampling = SamplingConfig(temperature=1.0)
@@ -113,7 +113,7 @@ def test_context_adapter_reads_the_target_feature_then_its_own(deep_target: Targ
 
 @pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=1.0)], ids=["greedy", "t1"])
 def test_full_depth_exit_accepts_everything(deep_target: TargetModel, sampling: SamplingConfig) -> None:
-    dec = SpeculativeDecoder(deep_target, EarlyExitDrafter(exit_layer=LAYERS, adapter=None), 4, sampling)
+    dec = SpeculativeDecoder(deep_target, EarlyExitDrafter(exit_layer=LAYERS, adapter=None, copy_ngram=None), 4, sampling)
     stats = dec.generate(PROMPT, 60, stop_token_ids=[]).stats
     assert stats.drafted > 0 and stats.acceptance_rate == 1.0
 
@@ -161,7 +161,7 @@ def test_lossless_at_temperature_one(deep_target: TargetModel, adapter_dir: Path
 def test_shared_cache_after_partial_acceptance(deep_target: TargetModel) -> None:
     """Draft 4 tokens through layers < 2, verify reusing them, keep 2: every layer's cache equals
     a plain forward over the kept sequence."""
-    drafter = EarlyExitDrafter(exit_layer=2, adapter=None)
+    drafter = EarlyExitDrafter(exit_layer=2, adapter=None, copy_ngram=None)  # the exit itself
     drafter.bind(deep_target)
     ctx_ids = torch.tensor([PROMPT])
     deep_target.reset()
@@ -264,3 +264,16 @@ def test_default_target_greedy(default_target: TargetModel, adapter: str | None)
     assert out.token_ids[0].tolist() == plain_greedy(default_target, prompt, 24)
     if adapter is not None:  # the trained exit does get accepted on code
         assert out.stats.accepted > 0
+
+
+@pytest.mark.parametrize("share_kv", [True, False])
+def test_copy_first_rounds_and_exit_rounds_share_the_cache(deep_target: TargetModel, share_kv: bool) -> None:
+    """With copy_ngram=1 most rounds copy and the rest run the exit on the shared cache: the output is
+    still plain greedy's, and both kinds of rounds happened."""
+    drafter = EarlyExitDrafter(exit_layer=2, adapter=None, share_kv=share_kv, copy_ngram=1)
+    exit_rounds = []
+    exit_draft = drafter._exit_draft
+    drafter._exit_draft = lambda ctx, k: exit_rounds.append(k) or exit_draft(ctx, k)  # type: ignore[method-assign]
+    out = SpeculativeDecoder(deep_target, drafter, 3).generate(PROMPT, 40, stop_token_ids=[])
+    assert out.token_ids[0].tolist() == plain_greedy(deep_target, PROMPT, 40)
+    assert 0 < len(exit_rounds) < out.stats.rounds
