@@ -85,7 +85,7 @@ class MedusaDrafter:
         most recent occurrence) instead of the heads' draft (module docstring).
 
     Batched: the tree at batch size 1 only; at B > 1 the chain for all rows at once (module
-    docstring: one tree mask per batch). No per-row state.
+    docstring: one tree mask per batch). Per-row state: only the copy index.
     """
 
     needs_target_hidden: ClassVar[bool] = True

@@ -377,7 +377,7 @@ def test_batch_proposes_a_chain_for_every_row(tiny_target: TargetModel, recurren
     draft = drafter.propose(sampled, 2)
     assert draft.token_ids.shape == (3, 2) and draft.probs.shape == (3, 2, tiny_target.vocab_size)
     assert torch.allclose(draft.probs.sum(-1), torch.ones(3, 2))
-    drafter.keep_rows([2])  # no per-row state
+    drafter.keep_rows([2])  # the heads keep no per-row state (copying is off here)
     assert drafter.propose(DraftContext(tokens[2:], hidden[2:], SamplingConfig(), torch.Generator()), 5).parents is not None
 
 
