@@ -442,3 +442,30 @@ def test_copy_first_is_lossless_at_temperature_one(tiny_target: TargetModel) -> 
     counts = sample_two_tokens(dec, prompt, n=1200, vocab=tiny_target.vocab_size, new_tokens=3)
     exact = exact_two_token_distribution(tiny_target, prompt, sampling)
     assert pooled_chisquare(counts, exact) > 1e-4
+
+
+def test_copy_first_sampled_batch_is_lossless_and_a_wrong_copy_q_is_caught(monkeypatch) -> None:  # noqa: ANN001
+    """Rows 0 and 2 end in a repeat (their first round copies), rows 1 and 3 do not (the heads draft):
+    every row's first two tokens follow the target's law. Negative control: the same batches with the
+    copied rows' q claimed uniform instead of one-hot must fail."""
+    import drafters.copy_first
+    from specdraft.models import tiny_random_target
+    from tests.test_generate_batch import batch_pvalue
+
+    target = tiny_random_target(vocab_size=16, seed=1)
+    prompts = [[1, 2, 3, 1, 2], [4, 5], [6, 1, 6, 1, 6], [2, 9, 3]]
+    sampling = SamplingConfig(temperature=1.0)
+    dec = SpeculativeDecoder(target, drafter_with(target, seed=3, copy_ngram=1), 2, sampling)
+    assert batch_pvalue(target, dec, prompts) > 1e-4
+
+    merge = drafters.copy_first.copy_first
+
+    def uniform_copy_q(copy, model, vocab_size):  # noqa: ANN001, ANN202
+        out = merge(copy, model, vocab_size)
+        if out.probs is not None and copy.lengths is not None:
+            for row, n in enumerate(copy.lengths.tolist()):
+                out.probs[row, :n] = 1.0 / vocab_size
+        return out
+
+    monkeypatch.setattr(drafters.copy_first, "copy_first", uniform_copy_q)
+    assert batch_pvalue(target, dec, prompts) < 1e-6
