@@ -86,6 +86,7 @@ class RecyclingReplay:
 
     needs_target_hidden: ClassVar[bool] = False
     feature_layers: tuple[int, ...] = ()
+    draft_sources: tuple[str, ...] = ()
     hf_counterpart: ClassVar[str | None] = None
     verify_curve_tokens: ClassVar[int] = 0
     sizes_own_drafts: ClassVar[bool] = False
@@ -115,6 +116,10 @@ class RecyclingReplay:
     def commit(self, ctx: DraftContext, num_accepted: Any) -> None:
         if self.ngram is not None:
             self.ngram.commit(ctx, num_accepted)
+
+    def source_of(self, ctx: DraftContext) -> list[int]:
+        """One source."""
+        return [0] * ctx.batch_size
 
     def propose(self, ctx: DraftContext, num_tokens: int) -> Draft:
         toks = ctx.token_ids[0].tolist()

@@ -31,6 +31,20 @@ class CopyFirst:
             )
         self._ngram = None if min_ngram is None else NGramDrafter(min_ngram, max_ngram)
 
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """The owning drafter's `draft_sources`: ("copy", "model"), or () when copying is off."""
+        return () if self._ngram is None else ("copy", "model")
+
+    def source_of(self, ctx: DraftContext) -> list[int]:
+        """Per row, 0 where the row's context repeats (a copy drafts next), else 1 (the model); all 0
+        when copying is off (one source)."""
+        if self._ngram is None:
+            return [0] * ctx.batch_size
+        found = self._ngram.propose(ctx, 1)
+        lengths = found.lengths.tolist() if found.lengths is not None else [found.num_tokens] * ctx.batch_size
+        return [0 if n > 0 else 1 for n in lengths]
+
     def propose(self, ctx: DraftContext, num_tokens: int, model: Callable[[], Draft], vocab_size: int) -> Draft:
         """Each row's copy where its context repeats, else `model()`'s draft (`copy_first`)."""
         if self._ngram is None or num_tokens <= 0:

@@ -102,6 +102,7 @@ class DraftModelDrafter:
 
     needs_target_hidden: ClassVar[bool] = False
     feature_layers: tuple[int, ...] = ()
+    draft_sources: tuple[str, ...] = ()
     hf_counterpart: ClassVar[str | None] = "hf_assisted"  # HF assisted generation with the same draft
     verify_curve_tokens: ClassVar[int] = 0
     sizes_own_drafts: ClassVar[bool] = False
@@ -210,6 +211,10 @@ class DraftModelDrafter:
             self._cache.keep_rows(rows)
         if len(self._copy_indexes) > 1:
             self._copy_indexes = [self._copy_indexes[r] for r in rows]
+
+    def source_of(self, ctx: DraftContext) -> list[int]:
+        """One source."""
+        return [0] * ctx.batch_size
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext, num_tokens: int) -> Draft:

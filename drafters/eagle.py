@@ -89,6 +89,7 @@ class EagleDrafter:
         self.tree, self.tree_topk, self.tree_depth = tree, tree_topk, tree_depth
         self.copy_ngram, self.copy_max_ngram = copy_ngram, copy_max_ngram
         self._copy = CopyFirst(copy_ngram, copy_max_ngram)
+        self.draft_sources: tuple[str, ...] = self._copy.sources
         self.head_source = head
         self.seed, self.aux_layers, self.draft_ids = seed, aux_layers, draft_ids
         self.head: EagleHead | None = head if isinstance(head, EagleHead) else None
@@ -125,6 +126,10 @@ class EagleDrafter:
         self.vocab = None if vocab.size == target.vocab_size else vocab.to(target.device)
         self._target = target
         self.reset()
+
+    def source_of(self, ctx: DraftContext) -> list[int]:
+        """Per row, 0 = a copy drafts next, 1 = the model (`drafters.copy_first`)."""
+        return self._copy.source_of(ctx)
 
     def propose(self, ctx: DraftContext, num_tokens: int) -> Draft:
         empty = Draft(token_ids=ctx.token_ids.new_zeros((1, 0)))

@@ -127,6 +127,7 @@ class EarlyExitDrafter:
     ) -> None:
         self.copy_ngram, self.copy_max_ngram = copy_ngram, copy_max_ngram
         self._copy = CopyFirst(copy_ngram, copy_max_ngram)
+        self.draft_sources: tuple[str, ...] = self._copy.sources
         self.adapter: ExitAdapter | None = None
         self.adapter_meta: dict = {}  # adapter_config.json (the target it was trained for, how)
         self.adapter_dir = resolve_adapter(adapter)
@@ -195,6 +196,10 @@ class EarlyExitDrafter:
                 f"EarlyExitDrafter runs at batch size 1 only (its shared prefix cache is one sequence's), "
                 f"so keep_rows({list(rows)}) has no rows to keep; only [0] is valid."
             )
+
+    def source_of(self, ctx: DraftContext) -> list[int]:
+        """Per row, 0 = a copy drafts next, 1 = the model (`drafters.copy_first`)."""
+        return self._copy.source_of(ctx)
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext, num_tokens: int) -> Draft:

@@ -108,6 +108,7 @@ class MedusaDrafter:
         self.copy_ngram = copy_ngram
         self.copy_max_ngram = copy_max_ngram
         self._copy = CopyFirst(copy_ngram, copy_max_ngram)
+        self.draft_sources: tuple[str, ...] = self._copy.sources
         self.heads_source = heads
         self.num_heads = num_heads
         self.tree_spec = tree
@@ -191,6 +192,10 @@ class MedusaDrafter:
         if self._packed is not None:
             return self._packed(hidden)
         return self._compiled.logits(hidden)
+
+    def source_of(self, ctx: DraftContext) -> list[int]:
+        """Per row, 0 = a copy drafts next, 1 = the model (`drafters.copy_first`)."""
+        return self._copy.source_of(ctx)
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext, num_tokens: int) -> Draft:

@@ -102,6 +102,7 @@ class NGramDrafter:
 
     needs_target_hidden: ClassVar[bool] = False
     feature_layers: tuple[int, ...] = ()
+    draft_sources: tuple[str, ...] = ()
     hf_counterpart: ClassVar[str | None] = "hf_prompt_lookup"
     verify_curve_tokens: ClassVar[int] = 0
     sizes_own_drafts: ClassVar[bool] = False
@@ -144,6 +145,10 @@ class NGramDrafter:
             if new:
                 index.extend(new)
         return self._indexes
+
+    def source_of(self, ctx: DraftContext) -> list[int]:
+        """One source."""
+        return [0] * ctx.batch_size
 
     def propose(self, ctx: DraftContext, num_tokens: int) -> Draft:
         indexes = self._rows(ctx)

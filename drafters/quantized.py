@@ -180,6 +180,7 @@ class QuantizedDrafter:
 
     needs_target_hidden: ClassVar[bool] = False
     feature_layers: tuple[int, ...] = ()
+    draft_sources: tuple[str, ...] = ()
     hf_counterpart: ClassVar[str | None] = None  # Hugging Face generation has no quantized-copy mode
     verify_curve_tokens: ClassVar[int] = 0
     sizes_own_drafts: ClassVar[bool] = False
@@ -313,6 +314,10 @@ class QuantizedDrafter:
         if runner.has_head:
             return runner.logits(hidden)  # the copy's own (quantized) lm_head
         return self._target.logits(hidden)  # the target's own head
+
+    def source_of(self, ctx: DraftContext) -> list[int]:
+        """One source."""
+        return [0] * ctx.batch_size
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext, num_tokens: int) -> Draft:

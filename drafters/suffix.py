@@ -79,6 +79,7 @@ class SuffixDrafter:
 
     needs_target_hidden: ClassVar[bool] = False
     feature_layers: tuple[int, ...] = ()
+    draft_sources: tuple[str, ...] = ()
     hf_counterpart: ClassVar[str | None] = None
     verify_curve_tokens: ClassVar[int] = MAX_NODES
     sizes_own_drafts: ClassVar[bool] = True  # every round's node count is chosen on the verify curve
@@ -140,6 +141,10 @@ class SuffixDrafter:
     def reset(self) -> None:
         """A new request (or batch): empty local indexes (the store keeps what it learned)."""
         self.locals = [self._new_local()]
+
+    def source_of(self, ctx: DraftContext) -> list[int]:
+        """One source."""
+        return [0] * ctx.batch_size
 
     def propose(self, ctx: DraftContext, num_tokens: int) -> Draft:
         self._catch_up(ctx)

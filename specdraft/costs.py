@@ -162,25 +162,37 @@ def cached_value(key: str, measure: Callable[[], Any], usable: Callable[[Any], b
     return value
 
 
-def draft_cost_from_rounds(
+def draft_cost_ratios(
     drafted: Sequence[int], draft_s: Sequence[float], verify_s: Sequence[float], curve: Sequence[float]
-) -> float:
-    """A drafter's seconds per drafted token in units of one target step T_v(0), from the rounds of
-    one generation: per round, (draft seconds / tokens drafted) / (verify seconds / curve[k]) (each
-    round's verify forward tells the run's T_v(0) through the curve), the median over the rounds
-    after the first (whose drafting also catches the drafter up on the prompt). A round that drafted
-    nothing counts its drafting time as one token's (the cost of trying)."""
-    ratios = [
-        (d / max(k, 1)) / (v / curve[k])
-        for k, d, v in list(zip(drafted, draft_s, verify_s))[1:]
-        if v > 0
+) -> list[float | None]:
+    """Per round of one generation, a drafter's seconds per drafted token in units of one target
+    step T_v(0): (draft seconds / tokens drafted) / (verify seconds / curve[k]) (each round's verify
+    forward tells the run's T_v(0) through the curve); None for the first round (whose drafting
+    also catches the drafter up on the prompt) and for rounds without a timed verify. A round that
+    drafted nothing counts its drafting time as one token's (the cost of trying)."""
+    return [
+        (d / max(k, 1)) / (v / curve[k]) if i > 0 and v > 0 else None
+        for i, (k, d, v) in enumerate(zip(drafted, draft_s, verify_s))
     ]
-    return statistics.median(ratios) if ratios else 0.0
 
 
-def is_draft_cost(value: Any) -> bool:
-    """A usable cached draft cost: a number >= 0."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+def draft_costs_by_source(sources: Sequence[int], ratios: Sequence[float | None], num_sources: int) -> list[float]:
+    """One cost per draft source from per-round `draft_cost_ratios` and each round's source: the
+    median over that source's rounds, the median over all rounds for a source that drafted none,
+    0 when no round has a ratio."""
+    by_source: list[list[float]] = [[] for _ in range(num_sources)]
+    for source, ratio in zip(sources, ratios):
+        if ratio is not None:
+            by_source[source].append(ratio)
+    pooled = [r for rs in by_source for r in rs]
+    return [statistics.median(rs or pooled) if rs or pooled else 0.0 for rs in by_source]
+
+
+def is_draft_cost(value: Any, num_sources: int = 1) -> bool:
+    """A usable cached draft cost: a list of `num_sources` numbers >= 0 (one per draft source)."""
+    return isinstance(value, list) and len(value) == num_sources and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in value
+    )
 
 
 def nodes_worth_verifying(probs: Sequence[float], curve: Sequence[float]) -> int:

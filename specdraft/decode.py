@@ -28,6 +28,7 @@ from torch import Tensor
 from specdraft import costs
 from specdraft.draft_length import (
     DraftLengthPolicy,
+    PerSourceDraftLength,
     check_max_draft_tokens,
     check_num_draft_tokens,
     make_draft_length_policy,
@@ -137,7 +138,7 @@ class SpeculativeDecoder:
         self.keep_policy = keep_policy
         self._kept_policy: DraftLengthPolicy | None = None
         self._kept_bucket = 0  # the largest batch-size bucket the kept policy has costs for
-        self._measured_draft_cost: dict[tuple[bool, int], float] = {}  # (greedy?, batch bucket) -> cost
+        self._measured_draft_cost: dict[tuple[bool, int], tuple[float, ...]] = {}  # (greedy?, bucket) -> per source
         if drafter is not None:
             drafter.bind(target)
 
@@ -152,22 +153,27 @@ class SpeculativeDecoder:
             return make_draft_length_policy(self.max_draft_tokens)
         sampling = sampling or self.sampling
         curve = self.verify_curve or costs.verify_curve(self.target, self.max_draft_tokens)
-        draft_cost = self.draft_cost_per_token(sampling)
         buckets = costs.batch_buckets(batch_size)[1:]
         batch_curves = {b: costs.verify_curve(self.target, self.max_draft_tokens, batch_size=b) for b in buckets}
-        batch_draft_costs = {b: self.draft_cost_per_token(sampling, b) for b in buckets}
-        return make_draft_length_policy("auto", self.max_draft_tokens, curve, draft_cost, batch_curves,
-                                        batch_draft_costs, self.target.packs_ragged)
+        per_source = [self.draft_costs_per_token(sampling, b) for b in [1, *buckets]]  # [bucket][source]
+        policies = [
+            make_draft_length_policy("auto", self.max_draft_tokens, curve, per_source[0][s], batch_curves,
+                                     {b: c[s] for b, c in zip(buckets, per_source[1:])}, self.target.packs_ragged)
+            for s in range(len(per_source[0]))
+        ]
+        return policies[0] if len(policies) == 1 else PerSourceDraftLength(policies)
 
-    def draft_cost_per_token(self, sampling: SamplingConfig, batch_size: int = 1) -> float:
-        """The drafter's seconds per drafted token / seconds of one target step, under `sampling`'s
-        mode (greedy or sampled) at `batch_size` rows (its bucket, `costs.batch_bucket`): given,
-        cached, or measured now on synthetic prompts."""
+    def draft_costs_per_token(self, sampling: SamplingConfig, batch_size: int = 1) -> tuple[float, ...]:
+        """The drafter's seconds per drafted token / seconds of one target step, one per draft
+        source (`Drafter.draft_sources`; one value for a drafter of one source), under `sampling`'s
+        mode (greedy or sampled) at `batch_size` rows (its bucket, `costs.batch_bucket`): given
+        (`draft_cost`, the same for every source), cached, or measured now on synthetic prompts."""
+        num_sources = max(1, len(self.drafter.draft_sources)) if self.drafter is not None else 1
         if self.draft_cost is not None:
-            return self.draft_cost
+            return (self.draft_cost,) * num_sources
         greedy, bucket = sampling.greedy, costs.batch_bucket(batch_size)
         if (greedy, bucket) not in self._measured_draft_cost:
-            def measure() -> float:
+            def measure() -> list[float]:
                 return self._measure_draft_cost(sampling, bucket)
 
             if self.cost_key is None or self.max_draft_tokens == 0:
@@ -175,9 +181,9 @@ class SpeculativeDecoder:
             else:
                 key = (f"draft_cost|{costs.cost_key(self.target)}|{self.cost_key}|"
                        f"{'greedy' if greedy else 'sample'}|k={self.max_draft_tokens}"
-                       + (f"|batch={bucket}" if bucket > 1 else ""))
-                value = costs.cached_value(key, measure, costs.is_draft_cost)
-            self._measured_draft_cost[greedy, bucket] = float(value)
+                       + (f"|batch={bucket}" if bucket > 1 else "") + f"|sources={num_sources}")
+                value = costs.cached_value(key, measure, lambda v: costs.is_draft_cost(v, num_sources))
+            self._measured_draft_cost[greedy, bucket] = tuple(float(v) for v in value)
         return self._measured_draft_cost[greedy, bucket]
 
     def generate(
@@ -294,9 +300,9 @@ class SpeculativeDecoder:
         while live and max_new_tokens > 0:
             b = len(live)
             lengths = ctx.row_lengths()
-            k_max = policy.choose(max(max_new_tokens - generated[i] for i in live) - 1, batch_size=b)
-
             t0 = time.perf_counter()
+            sources = self._row_sources(ctx)  # each row's draft source, None = the drafter has one
+            k_max = policy.choose(max(max_new_tokens - generated[i] for i in live) - 1, batch_size=b, sources=sources)
             delivered = delivered or (self.drafter is not None and k_max > 0)  # propose sees ctx's features
             draft = self._propose(ctx, k_max, device)
             t1 = time.perf_counter()
@@ -336,10 +342,11 @@ class SpeculativeDecoder:
                 generated[i] += len(emitted)
                 if stopped is not None or generated[i] >= max_new_tokens:
                     finished.append(j)
-                stats[i].record_round(drafted[j], accepted[j], len(emitted), draft_s, t2 - t1)
+                source = sources[j] if sources is not None else 0
+                stats[i].record_round(drafted[j], accepted[j], len(emitted), draft_s, t2 - t1, source)
                 # never a time: K must not depend on the clock. In a batch a row that drafted fewer than
                 # K counts its shortfall as a rejection (specdraft/draft_length.py says what it costs).
-                policy.observe(drafted[j], accepted[j], k if b > 1 else None)
+                policy.observe(drafted[j], accepted[j], k if b > 1 else None, source)
             # cache: each row's committed prefix + its accepted draft
             self.target.crop(lengths[0] + accepted[0] if b == 1 else [n + a for n, a in zip(lengths, accepted)])
             if needs_hidden:
@@ -398,36 +405,47 @@ class SpeculativeDecoder:
         if need > 0:
             costs.verify_curve(self.target, need)
         if self.num_draft_tokens == "auto" and not self._sizes_own_drafts():
-            self.draft_cost_per_token(sampling)
+            self.draft_costs_per_token(sampling)
             for bucket in costs.batch_buckets(batch_size)[1:]:
                 costs.verify_curve(self.target, self.max_draft_tokens, batch_size=bucket)
-                self.draft_cost_per_token(sampling, bucket)
+                self.draft_costs_per_token(sampling, bucket)
 
-    def _measure_draft_cost(self, sampling: SamplingConfig, batch_size: int = 1) -> float:
+    def _measure_draft_cost(self, sampling: SamplingConfig, batch_size: int = 1) -> list[float]:
         """Time the drafter at K = max_draft_tokens on a synthetic, repetitive prompt (so copying
         drafters find matches; `batch_size` rows of slightly different lengths, a ragged batch),
         relative to the target's verify forwards of the same run: see
-        `specdraft.costs.draft_cost_from_rounds`. Uses its own seed; leaves no state behind."""
+        `specdraft.costs.draft_cost_ratios`. A drafter of several sources is also timed on a prompt
+        that never repeats (its model drafts there) and each source's cost is the median over the
+        rounds its first row drafted from it (over all rounds if it drafted none). One value per
+        source. Uses its own seed; leaves no state behind."""
         k = self.max_draft_tokens
+        num_sources = max(1, len(self.drafter.draft_sources)) if self.drafter is not None else 1
         if k == 0:
-            return 0.0
+            return [0.0] * num_sources
         length = max(2, min(self.CALIBRATION_PROMPT, self.target.max_context // 2))
         new = max(1, min(self.CALIBRATION_TOKENS, self.target.max_context - length))
         vocab = self.target.vocab_size
-        prompt = ((torch.arange(length) % 17) * 7919 + 11) % vocab  # [T] a period-17 token pattern
-        prompts = [prompt[i % 3 :] for i in range(batch_size)]
-        run = self._run(prompts, new, set(), sampling.with_seed(0), make_draft_length_policy(k))
-        stats = run.results[0].stats  # a round's draft and verify seconds are the batch's
-        self.target.reset()
-        self.drafter.reset()  # type: ignore[union-attr]
-        drafted = run.stats.drafted_per_round  # K of each round (a tree drafter may score more nodes)
-        longest = max(drafted, default=0)
-        if batch_size > 1:
-            curve = costs.verify_curve(self.target, longest, batch_size=batch_size)
-        else:
-            curve = self.verify_curve if self.verify_curve and len(self.verify_curve) > longest \
-                else costs.verify_curve(self.target, longest)
-        return costs.draft_cost_from_rounds(drafted, stats.draft_s_per_round, stats.verify_s_per_round, curve)
+        patterns = [((torch.arange(length) % 17) * 7919 + 11) % vocab]  # [T] a period-17 token pattern
+        if num_sources > 1:
+            patterns.append((torch.arange(length) * 7919 + 11) % vocab)  # [T] no token pair repeats
+        sources: list[int] = []
+        ratios: list[float | None] = []
+        for prompt in patterns:
+            prompts = [prompt[i % 3 :] for i in range(batch_size)]
+            run = self._run(prompts, new, set(), sampling.with_seed(0), make_draft_length_policy(k))
+            stats = run.results[0].stats  # a round's draft and verify seconds are the batch's
+            self.target.reset()
+            self.drafter.reset()  # type: ignore[union-attr]
+            drafted = run.stats.drafted_per_round  # K of each round (a tree drafter may score more nodes)
+            longest = max(drafted, default=0)
+            if batch_size > 1:
+                curve = costs.verify_curve(self.target, longest, batch_size=batch_size)
+            else:
+                curve = self.verify_curve if self.verify_curve and len(self.verify_curve) > longest \
+                    else costs.verify_curve(self.target, longest)
+            ratios += costs.draft_cost_ratios(drafted, stats.draft_s_per_round, stats.verify_s_per_round, curve)
+            sources += stats.source_per_round
+        return costs.draft_costs_by_source(sources, ratios, num_sources)
 
     def _sizes_own_drafts(self) -> bool:
         return self.drafter is not None and type(self.drafter).sizes_own_drafts
@@ -441,6 +459,19 @@ class SpeculativeDecoder:
         if self._kept_policy is None or bucket > self._kept_bucket:
             self._kept_policy, self._kept_bucket = self.new_policy(sampling, batch_size), bucket
         return self._kept_policy
+
+    def _row_sources(self, ctx: DraftContext) -> list[int] | None:
+        """Each live row's draft source for the next round (`Drafter.source_of`), or None for a
+        drafter of one source."""
+        if self.drafter is None or len(self.drafter.draft_sources) < 2:
+            return None
+        sources = list(self.drafter.source_of(ctx))
+        if len(sources) != ctx.batch_size or not all(0 <= s < len(self.drafter.draft_sources) for s in sources):
+            raise ValueError(
+                f"{type(self.drafter).__name__}.source_of returned {sources}; need one index into draft_sources "
+                f"{self.drafter.draft_sources} per row ({ctx.batch_size} rows)."
+            )
+        return sources
 
     def _propose(self, ctx: DraftContext, k_max: int, device: torch.device) -> Draft:
         b = ctx.batch_size

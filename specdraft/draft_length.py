@@ -47,6 +47,10 @@ stack runs the projections on the real tokens only) pays for the drafted ones, s
 at k * fill, fill being the running mean of drafted / offered (the curve interpolated between whole
 k). Alone (batch size 1) a shorter draft is a shorter forward and counts as drafted.
 
+Draft sources: a drafter that drafts from several sources (`Drafter.draft_sources`: a copy where
+the context repeats, else its model) gets one such policy per source (`PerSourceDraftLength`), each
+with its own acceptance estimates and its own measured cost per drafted token.
+
 When K* = 0 the policy still probes k = 1 after `probe_every` rounds at K = 0, so a drafter that
 becomes useful again is noticed; every probe that is rejected doubles that interval (up to
 `max_probe_every`) and an accepted probe resets it, so a drafter that stays wrong costs ever fewer
@@ -66,13 +70,15 @@ from specdraft.theory import expected_tokens_from_profile
 class DraftLengthPolicy(Protocol):
     """Chooses K each round and learns from what the round cost and kept."""
 
-    def choose(self, k_max: int, batch_size: int = 1) -> int:
-        """K for the next round of `batch_size` live rows, at most k_max."""
+    def choose(self, k_max: int, batch_size: int = 1, sources: Sequence[int] | None = None) -> int:
+        """K for the next round of `batch_size` live rows, at most k_max; sources: each row's draft
+        source this round (`Drafter.source_of`; None = the drafter has one source)."""
         ...
 
-    def observe(self, num_drafted: int, num_accepted: int, num_offered: int | None = None) -> None:
+    def observe(self, num_drafted: int, num_accepted: int, num_offered: int | None = None, source: int = 0) -> None:
         """The round drafted `num_drafted` tokens and the target kept `num_accepted` of them;
-        num_offered: the K a batch round allowed this row (None = a round of its own)."""
+        num_offered: the K a batch round allowed this row (None = a round of its own); source: the
+        row's draft source."""
         ...
 
 
@@ -82,10 +88,10 @@ class FixedDraftLength:
 
     k: int
 
-    def choose(self, k_max: int, batch_size: int = 1) -> int:
+    def choose(self, k_max: int, batch_size: int = 1, sources: Sequence[int] | None = None) -> int:
         return min(self.k, k_max)
 
-    def observe(self, num_drafted: int, num_accepted: int, num_offered: int | None = None) -> None:
+    def observe(self, num_drafted: int, num_accepted: int, num_offered: int | None = None, source: int = 0) -> None:
         """A fixed K learns nothing."""
 
 
@@ -198,7 +204,8 @@ class CostModelDraftLength:
         return tokens / (self.draft_cost_of(k, batch_size) + self.verify_cost(k, batch_size))
 
     # ------------------------------------------------------------------------- policy
-    def choose(self, k_max: int, batch_size: int = 1) -> int:
+    def choose(self, k_max: int, batch_size: int = 1, sources: Sequence[int] | None = None) -> int:
+        """The best K for the acceptance so far (one source: `sources` is not read)."""
         k_max = min(k_max, self.max_k)
         best = max(range(k_max + 1), key=lambda k: (self.expected_rate(k, batch_size), -k))
         self._probing = False
@@ -219,7 +226,7 @@ class CostModelDraftLength:
         shape = self.shape_for(batch_size)
         return 2.0 / (self.draft_cost_of(1, batch_size) + shape[1]) > 1.0 / shape[0]
 
-    def observe(self, num_drafted: int, num_accepted: int, num_offered: int | None = None) -> None:
+    def observe(self, num_drafted: int, num_accepted: int, num_offered: int | None = None, source: int = 0) -> None:
         d = self.decay
         if num_offered is not None and num_offered > 0:  # a batch row: its shortfall is a rejection
             self._fill = d * self._fill + (1.0 - d) * min(num_drafted, num_offered) / num_offered
@@ -236,6 +243,33 @@ class CostModelDraftLength:
             if i <= num_accepted:  # position i was reached
                 self._reached[i] += 1.0
                 self._accepted[i] += 1.0 if i < num_accepted else 0.0
+
+
+@dataclass
+class PerSourceDraftLength:
+    """One K policy per draft source (`Drafter.draft_sources`), each learning its own acceptance at
+    its own cost per drafted token.
+
+    A drafter that copies where the context repeats and drafts with its model elsewhere mixes two
+    very different proposals: a copy is right far more often than a guess and costs almost nothing
+    to draft, so one pooled policy sizes copies as short as guesses (and often drafts nothing where
+    a copy was there to take). Which source drafts a round depends only on the committed tokens, so
+    the choice of K stays a function of the accepted tokens (seeded runs reproduce). A batch round's
+    K is the largest its rows' sources choose; each row's outcome teaches its own source's policy.
+    """
+
+    policies: Sequence[DraftLengthPolicy]
+
+    def __post_init__(self) -> None:
+        if not self.policies:
+            raise ValueError("PerSourceDraftLength needs one policy per draft source, got none.")
+
+    def choose(self, k_max: int, batch_size: int = 1, sources: Sequence[int] | None = None) -> int:
+        present = sorted(set(sources)) if sources is not None else [0]
+        return max(self.policies[s].choose(k_max, batch_size) for s in present)
+
+    def observe(self, num_drafted: int, num_accepted: int, num_offered: int | None = None, source: int = 0) -> None:
+        self.policies[source].observe(num_drafted, num_accepted, num_offered)
 
 
 def check_num_draft_tokens(num_draft_tokens: int | str) -> int | str:

@@ -4,9 +4,9 @@ A drafter proposes K tokens per round (`propose`), learns how many the target ke
 forgets the prompt's state on a new prompt (`reset`) and may remember a finished generation
 across requests (`learn`). It never touches the target's KV cache except through
 `TargetModel`'s public methods. Capabilities are class attributes (`needs_target_hidden`, `hf_counterpart`,
-`verify_curve_tokens`, `sizes_own_drafts`, `batched`, and `feature_layers`, which is data on the
-instance because layer ids depend on the target), so the decoding loop never branches on a
-drafter's type.
+`verify_curve_tokens`, `sizes_own_drafts`, `batched`, and `feature_layers` and `draft_sources`,
+which are data on the instance because they depend on the target or the settings), so the decoding
+loop never branches on a drafter's type.
 
 Batches: with `batched = True` a drafter drafts for B rows at once. Rows have their own lengths:
 `DraftContext.token_ids` is left padded to the longest row and `DraftContext.lengths` gives each
@@ -120,9 +120,19 @@ class Drafter(Protocol):
     # True: propose/commit take a batch of B rows (generate_batch); False: batch size 1 only, and
     # the decoder raises a clear error for a batch.
     batched: ClassVar[bool]
+    # The sources the drafter drafts from, named (data on the instance, final after `bind`); with two
+    # or more (a copy where the context repeats, else the model's guess) `source_of` says before each
+    # round which one drafts each row, and the K policy learns every source apart
+    # (`specdraft.draft_length.PerSourceDraftLength`); () = one source.
+    draft_sources: tuple[str, ...]
 
     def bind(self, target: TargetModel) -> None:
         """Called once before generation: share weights, check the vocabulary, move to device."""
+        ...
+
+    def source_of(self, ctx: DraftContext) -> list[int]:
+        """Per row, the index into `draft_sources` of the source that drafts the next proposal for
+        ctx (a function of the committed tokens only); [0] * B for a drafter of one source."""
         ...
 
     def propose(self, ctx: DraftContext, num_tokens: int) -> Draft:

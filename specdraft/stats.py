@@ -28,6 +28,8 @@ class GenerationStats:
     drafted_per_round: list[int] = field(default_factory=list)  # the draft length of every round, in order
     draft_s_per_round: list[float] = field(default_factory=list)  # drafter seconds of every round, in order
     verify_s_per_round: list[float] = field(default_factory=list)  # target scoring seconds of every round
+    # the draft source of every round (an index into `Drafter.draft_sources`; 0 for a drafter of one)
+    source_per_round: list[int] = field(default_factory=list)
     # verify_s_by_k[k] = [seconds, rounds] of target forwards that scored k draft tokens.
     verify_s_by_k: dict[int, list[float]] = field(default_factory=dict)
     prefill_s: float = 0.0
@@ -36,11 +38,14 @@ class GenerationStats:
     total_s: float = 0.0  # wall time of generate(), prefill included
 
     def record_round(
-        self, num_drafted: int, num_accepted: int, num_emitted: int, draft_s: float, verify_s: float
+        self, num_drafted: int, num_accepted: int, num_emitted: int, draft_s: float, verify_s: float,
+        source: int = 0,
     ) -> None:
-        """Count one round that drafted `num_drafted`, kept `num_accepted`, emitted `num_emitted`, and
-        spent `draft_s` in the drafter and `verify_s` in the target's scoring forward."""
+        """Count one round that drafted `num_drafted` from draft source `source`, kept `num_accepted`,
+        emitted `num_emitted`, and spent `draft_s` in the drafter and `verify_s` in the target's
+        scoring forward."""
         self.rounds += 1
+        self.source_per_round.append(source)
         self.draft_s += draft_s
         self.draft_s_per_round.append(draft_s)
         self.verify_s_per_round.append(verify_s)

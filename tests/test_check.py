@@ -163,6 +163,7 @@ class ImpossibleDrafter:
 
     needs_target_hidden: ClassVar[bool] = False
     feature_layers: tuple[int, ...] = ()
+    draft_sources: tuple[str, ...] = ()
     hf_counterpart: ClassVar[str | None] = None
     verify_curve_tokens: ClassVar[int] = 0
     sizes_own_drafts: ClassVar[bool] = False
@@ -183,6 +184,10 @@ class ImpossibleDrafter:
 
     def keep_rows(self, rows: Sequence[int]) -> None:
         pass
+
+    def source_of(self, ctx: DraftContext) -> list[int]:
+        """One source."""
+        return [0] * ctx.batch_size
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext, num_tokens: int) -> Draft:

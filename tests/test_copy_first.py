@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from drafters.copy_first import copy_first
-from specdraft.protocol import Draft
+from drafters.copy_first import CopyFirst, copy_first
+from specdraft.protocol import Draft, DraftContext
+from specdraft.sampling import SamplingConfig
 
 V = 6
 
@@ -56,3 +57,18 @@ def test_a_tree_in_a_batch_is_refused() -> None:
     tree = Draft(token_ids=torch.tensor([[1, 2], [3, 4]]), parents=torch.tensor([[-1, -1], [-1, -1]]))
     with pytest.raises(ValueError, match="batch size 1"):
         copy_first(copy, lambda: tree, V)
+
+
+def test_source_of_says_which_rows_copy_before_the_round() -> None:
+    """Rows whose last 2-4 tokens occurred earlier copy (source 0), the others ask the model (1); with
+    copying off there is one source. The answer agrees with what `propose` then drafts."""
+    tokens = torch.tensor([[1, 2, 3, 1, 2], [0, 4, 5, 6, 7], [0, 0, 5, 3, 5]])  # [B, T] left padded
+    ctx = DraftContext(tokens, None, SamplingConfig(), torch.Generator(), lengths=(5, 4, 3))
+    copy = CopyFirst(2, 4)
+    assert copy.sources == ("copy", "model")
+    assert copy.source_of(ctx) == [0, 1, 1]
+    drafted = copy.propose(ctx, 2, lambda: model_chain(3, 2), V)
+    assert drafted.token_ids[0].tolist() == [3, 1] and drafted.lengths is None
+    assert CopyFirst(1, 4).source_of(ctx) == [0, 1, 0]
+    off = CopyFirst(None, 4)
+    assert off.sources == () and off.source_of(ctx) == [0, 0, 0]

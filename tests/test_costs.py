@@ -113,10 +113,19 @@ def test_draft_cost_is_seconds_per_token_over_one_target_step() -> None:
     curve = [1.0, 1.1, 1.2, 1.3]
     # Round 1 (prompt catch-up) is ignored; then 3 tokens in 6 ms with a 26 ms verify at k = 3
     # (T_v(0) = 20 ms): 2 ms / 20 ms = 0.1 per token; a round that drafted nothing costs 1 token.
-    got = costs.draft_cost_from_rounds([3, 3, 3, 0], [0.5, 0.006, 0.006, 0.002], [0.026, 0.026, 0.026, 0.02], curve)
-    assert got == pytest.approx(0.1)
-    assert costs.draft_cost_from_rounds([3], [0.5], [0.026], curve) == 0.0  # nothing after round 1
-    assert costs.is_draft_cost(0.1) and not costs.is_draft_cost(-1) and not costs.is_draft_cost(None)
+    got = costs.draft_cost_ratios([3, 3, 3, 0], [0.5, 0.006, 0.006, 0.002], [0.026, 0.026, 0.026, 0.02], curve)
+    assert got[0] is None and got[1:] == pytest.approx([0.1, 0.1, 0.1])
+    assert costs.draft_cost_ratios([3, 3], [0.5, 0.006], [0.026, 0.0], curve) == [None, None]  # no timed verify
+    assert costs.is_draft_cost([0.1]) and costs.is_draft_cost([0.1, 0.0], 2)
+    assert not any(costs.is_draft_cost(v) for v in ([-1.0], None, 0.1, [0.1, 0.2], [True]))
+
+
+def test_each_draft_source_costs_the_median_of_its_own_rounds() -> None:
+    ratios = [None, 0.01, 0.3, 0.02, 0.2, 0.4]
+    sources = [0, 0, 1, 0, 1, 1]
+    assert costs.draft_costs_by_source(sources, ratios, 2) == pytest.approx([0.015, 0.3])
+    assert costs.draft_costs_by_source([0, 0, 0], [None, 0.1, 0.3], 2) == pytest.approx([0.2, 0.2])  # no rounds: all
+    assert costs.draft_costs_by_source([0], [None], 2) == [0.0, 0.0]
 
 
 def test_seeded_auto_runs_reproduce_under_a_noisy_clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -152,7 +161,7 @@ def test_draft_cost_is_measured_once_per_mode_and_can_be_given(tmp_path: Path, m
     calls = []
     measure = SpeculativeDecoder._measure_draft_cost
 
-    def counting(self: SpeculativeDecoder, sampling: SamplingConfig, batch_size: int = 1) -> float:
+    def counting(self: SpeculativeDecoder, sampling: SamplingConfig, batch_size: int = 1) -> list[float]:
         calls.append(sampling.greedy)
         return measure(self, sampling, batch_size)
 
@@ -161,8 +170,9 @@ def test_draft_cost_is_measured_once_per_mode_and_can_be_given(tmp_path: Path, m
     for _ in range(2):
         dec.generate([1, 2, 3, 1, 2], 5)
         dec.generate([1, 2, 3, 1, 2], 5, sampling=SamplingConfig(temperature=1.0))
-    assert calls == [True, False] and dec.draft_cost_per_token(SamplingConfig()) >= 0
-    assert target.cache_length == 0 or target.cache_length > 0  # the target works after measuring
+    assert calls == [True, False] and dec.draft_costs_per_token(SamplingConfig())[0] >= 0
+    plain = SpeculativeDecoder(target, None).generate([1, 2, 3, 1, 2], 5).token_ids
+    assert dec.generate([1, 2, 3, 1, 2], 5).token_ids.tolist() == plain.tolist()  # measuring left no state behind
     given = SpeculativeDecoder(target, NGramDrafter(), "auto", max_draft_tokens=3, draft_cost=0.25)
     given.generate([1, 2, 3, 1, 2], 5)
     assert calls == [True, False] and given.new_policy().draft_cost == 0.25  # type: ignore[attr-defined]

@@ -27,6 +27,7 @@ class OracleDrafter:
 
     needs_target_hidden: ClassVar[bool] = False
     feature_layers: tuple[int, ...] = ()
+    draft_sources: tuple[str, ...] = ()
     hf_counterpart: ClassVar[str | None] = None
     verify_curve_tokens: ClassVar[int] = 0
     sizes_own_drafts: ClassVar[bool] = False
@@ -42,6 +43,10 @@ class OracleDrafter:
     def commit(self, ctx: DraftContext, num_accepted: Sequence[int]) -> None: ...
     def keep_rows(self, rows: Sequence[int]) -> None: ...
     def learn(self, token_ids: torch.Tensor, prompt_len: int) -> dict: return {}
+
+    def source_of(self, ctx: DraftContext) -> list[int]:
+        """One source."""
+        return [0] * ctx.batch_size
 
     def propose(self, ctx: DraftContext, num_tokens: int) -> Draft:
         t = ctx.token_ids.shape[1]

@@ -6,7 +6,12 @@ from __future__ import annotations
 import pytest
 
 from specdraft import theory
-from specdraft.draft_length import CostModelDraftLength, FixedDraftLength, make_draft_length_policy
+from specdraft.draft_length import (
+    CostModelDraftLength,
+    FixedDraftLength,
+    PerSourceDraftLength,
+    make_draft_length_policy,
+)
 
 
 def primed_policy(alpha: float, t_q: float, curve: list[float]) -> CostModelDraftLength:
@@ -182,3 +187,30 @@ def test_a_position_not_reached_yet_is_expected_to_do_as_well_as_the_one_before(
         policy.observe(2, 1)
     a = policy.acceptance()
     assert a[1] < 0.2 and a[0] > 0.85
+
+
+def test_each_draft_source_learns_its_own_acceptance_at_its_own_cost() -> None:
+    """Copies always kept and free to draft, model guesses never kept and dear: per source, a copy
+    round drafts the maximum and a model round drafts nothing, where one pooled policy fed the same
+    rounds drafts the maximum for the model too (eight dear guesses that are never kept). A batch
+    round takes the largest K its rows' sources choose."""
+    curve = linear(0.05)
+    per_source = PerSourceDraftLength([CostModelDraftLength(curve, draft_cost=0.0, max_k=8),
+                                       CostModelDraftLength(curve, draft_cost=0.2, max_k=8)])
+    pooled = CostModelDraftLength(curve, draft_cost=0.1, max_k=8)
+    for r in range(200):
+        source = r % 2  # copy and model rounds alternate
+        k = per_source.choose(100, sources=[source])
+        per_source.observe(k, k if source == 0 else 0, source=source)
+        k = pooled.choose(100)
+        pooled.observe(k, k if source == 0 else 0)
+    assert per_source.choose(100, sources=[0]) == 8
+    assert per_source.choose(100, sources=[1]) == 0
+    assert per_source.choose(100, batch_size=2, sources=[1, 0]) == 8
+    assert pooled.choose(100) == 8
+    model = per_source.policies[1]
+    before = model.acceptance()
+    per_source.observe(8, 8, source=0)  # a copy round teaches the copy policy only
+    assert model.acceptance() == before
+    with pytest.raises(ValueError, match="one policy per draft source"):
+        PerSourceDraftLength([])

@@ -32,6 +32,7 @@ class ReferenceDrafter:
 
     needs_target_hidden: ClassVar[bool] = False
     feature_layers: tuple[int, ...] = ()
+    draft_sources: tuple[str, ...] = ()
     hf_counterpart: ClassVar[str | None] = None
     verify_curve_tokens: ClassVar[int] = 0
     sizes_own_drafts: ClassVar[bool] = False
@@ -49,6 +50,10 @@ class ReferenceDrafter:
     def commit(self, ctx: DraftContext, num_accepted: Sequence[int]) -> None: ...
     def keep_rows(self, rows: Sequence[int]) -> None: ...
     def learn(self, token_ids: torch.Tensor, prompt_len: int) -> dict: return {}
+
+    def source_of(self, ctx: DraftContext) -> list[int]:
+        """One source."""
+        return [0] * ctx.batch_size
 
     def propose(self, ctx: DraftContext, num_tokens: int) -> Draft:
         self.rounds += 1
@@ -101,10 +106,10 @@ class RecordingPolicy:
     def __init__(self, k: int) -> None:
         self.k, self.seen = k, []
 
-    def choose(self, k_max: int, batch_size: int = 1) -> int:
+    def choose(self, k_max: int, batch_size: int = 1, sources: Sequence[int] | None = None) -> int:
         return min(self.k, k_max)
 
-    def observe(self, num_drafted: int, num_accepted: int, num_offered: int | None = None) -> None:
+    def observe(self, num_drafted: int, num_accepted: int, num_offered: int | None = None, source: int = 0) -> None:
         self.seen.append((num_drafted, num_accepted, num_offered))
 
 

@@ -424,6 +424,31 @@ def test_copy_first_greedy_equals_plain_greedy(tree, recurrent: bool) -> None:  
     assert out.stats.rounds < 40
 
 
+def test_copy_and_model_rounds_get_their_own_k_policy(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """Under "auto" a copy-first drafter's two sources get one cost model each (costs measured per
+    source), every round records its source, and greedy output stays the plain greedy output. A
+    `source_of` that answers out of range is a clear error."""
+    from specdraft.draft_length import PerSourceDraftLength
+    from specdraft.models import tiny_random_target
+
+    monkeypatch.setenv("SPECDRAFT_CACHE_DIR", str(tmp_path))
+    target = flat_verify_costs(tiny_random_target(vocab_size=16, seed=9))
+    drafter = drafter_with(target, seed=1, copy_ngram=2)
+    assert drafter.draft_sources == ("copy", "model")
+    dec = SpeculativeDecoder(target, drafter, num_draft_tokens="auto", max_draft_tokens=4)
+    prompt = [1, 5, 3, 7, 1, 5]
+    out = dec.generate(prompt, max_new_tokens=40, stop_token_ids=[])
+    assert out.token_ids[0].tolist() == plain_greedy(target, prompt, 40)
+    assert set(out.stats.source_per_round) == {0, 1} and len(out.stats.source_per_round) == out.stats.rounds
+    policy = dec.new_policy()
+    assert isinstance(policy, PerSourceDraftLength) and len(policy.policies) == 2
+    assert len(dec.draft_costs_per_token(SamplingConfig())) == 2
+    assert MedusaDrafter(heads=None, copy_ngram=None).draft_sources == ()
+    monkeypatch.setattr(drafter, "source_of", lambda ctx: [2])
+    with pytest.raises(ValueError, match="source_of returned \\[2\\]"):
+        dec.generate(prompt, max_new_tokens=4)
+
+
 @pytest.mark.parametrize("recurrent", [False, True], ids=["plain", "recurrent"])
 def test_copy_first_batch_equals_one_by_one(recurrent: bool) -> None:
     from specdraft.models import tiny_random_target
