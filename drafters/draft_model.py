@@ -37,6 +37,7 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
+from drafters.copy_first import CopyFirst
 from drafters.ngram import NGramIndex
 from specdraft.draft_loop import CopySource, DraftCache, draft_autoregressively
 from specdraft.linear_formats import PackedLinear
@@ -98,11 +99,12 @@ class DraftModelDrafter:
     copy_ngram: None = off; else the shortest suffix (in tokens) whose earlier occurrence in the
         context is copied; copy_max_ngram the longest tried first (the most recent occurrence wins).
     copy_weight: the copied token's weight w in q' = (1 - w) q + w onehot (0 < w <= 1).
+    copy_first: also copy whole rounds (`drafters.copy_first`): a round whose last copy_ngram..copy_max_ngram
+        tokens occurred earlier drafts what followed them there without running the draft at all.
     """
 
     needs_target_hidden: ClassVar[bool] = False
     feature_layers: tuple[int, ...] = ()
-    draft_sources: tuple[str, ...] = ()
     hf_counterpart: ClassVar[str | None] = "hf_assisted"  # HF assisted generation with the same draft
     verify_curve_tokens: ClassVar[int] = 0
     sizes_own_drafts: ClassVar[bool] = False
@@ -117,6 +119,7 @@ class DraftModelDrafter:
         copy_ngram: int | None = 2,
         copy_max_ngram: int = 4,
         copy_weight: float = 0.9,
+        copy_first: bool = False,
     ) -> None:
         if copy_ngram is not None and not 1 <= copy_ngram <= copy_max_ngram:
             raise ValueError(
@@ -128,6 +131,12 @@ class DraftModelDrafter:
         self.copy_ngram = copy_ngram
         self.copy_max_ngram = copy_max_ngram
         self.copy_weight = copy_weight
+        if copy_first and copy_ngram is None:
+            raise ValueError("copy_first copies whole rounds with copy_ngram..copy_max_ngram: set copy_ngram "
+                             "(e.g. 2) or copy_first=false.")
+        self.copy_first = copy_first
+        self._copy_rounds = CopyFirst(copy_ngram if copy_first else None, copy_max_ngram)
+        self.draft_sources: tuple[str, ...] = self._copy_rounds.sources
         self._copy_indexes: list[NGramIndex] = []  # per row: n-grams of its committed tokens (copy_ngram set)
         self.model_spec = model
         self.fast = fast
@@ -195,6 +204,7 @@ class DraftModelDrafter:
         if self._cache is not None:
             self._cache.reset()
         self._copy_indexes = [self._new_index()] if self.copy_ngram else []
+        self._copy_rounds.reset()
 
     def learn(self, token_ids: torch.Tensor, prompt_len: int) -> dict[str, Any]:
         """Nothing is kept across requests."""
@@ -204,6 +214,7 @@ class DraftModelDrafter:
         """Keep only each row's cached positions that match its committed tokens (drops rejected KV)."""
         if self._cache is not None:
             self._cache.sync(ctx)
+        self._copy_rounds.commit(ctx, num_accepted)
 
     def keep_rows(self, rows: Sequence[int]) -> None:
         """Only these rows go on: drop the others' cache rows and copy indexes."""
@@ -211,15 +222,21 @@ class DraftModelDrafter:
             self._cache.keep_rows(rows)
         if len(self._copy_indexes) > 1:
             self._copy_indexes = [self._copy_indexes[r] for r in rows]
+        self._copy_rounds.keep_rows(rows)
 
     def source_of(self, ctx: DraftContext) -> list[int]:
-        """One source."""
-        return [0] * ctx.batch_size
+        """With copy_first, per row 0 = a copy drafts next, 1 = the draft model; else one source."""
+        return self._copy_rounds.source_of(ctx)
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext, num_tokens: int) -> Draft:
         if self._cache is None:
             raise ValueError("DraftModelDrafter.propose was called before bind(target).")
+        return self._copy_rounds.propose(ctx, num_tokens, lambda: self._draft(ctx, num_tokens), self._target_vocab_size())
+
+    def _draft(self, ctx: DraftContext, num_tokens: int) -> Draft:
+        """The draft model's own K tokens (copies mixed into q when copy_ngram is set)."""
+        assert self._cache is not None
         if ctx.batch_size == 1:
             feed = self._cache.feed(ctx.token_ids)  # [1, n >= 1] not yet in the draft cache
             return draft_autoregressively(self._next_logits, feed, num_tokens, ctx, self.vocab,
@@ -256,9 +273,12 @@ class DraftModelDrafter:
         """Index a row's new committed tokens [T]; its copies for this round."""
         index.catch_up(committed)
         tail = index.tokens[-index.max_ngram :]
+        return CopySource(lambda drafted: index.next_token(tail + drafted), self.copy_weight, self._target_vocab_size())
+
+    def _target_vocab_size(self) -> int:
+        """V, the target's vocabulary (q is over the target's ids even on a pruned head)."""
         assert self._head is not None
-        vocab_size = self.vocab.vocab_size if self.vocab is not None else self._head.shape[0]
-        return CopySource(lambda drafted: index.next_token(tail + drafted), self.copy_weight, vocab_size)
+        return self.vocab.vocab_size if self.vocab is not None else int(self._head.shape[0])
 
     def _next_logits(self, feed: Tensor, counts: Sequence[int] | None = None) -> Tensor:
         """Run feed [B, n] after the cached positions (row i: its last counts[i] columns, None =

@@ -116,6 +116,27 @@ def test_copying_greedy_matches_plain_greedy(tiny_target: TargetModel, k: int) -
     assert out.token_ids[0].tolist() == plain_greedy(tiny_target, PROMPT, 40)
 
 
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=1.0, seed=3)], ids=["greedy", "t1"])
+def test_copy_first_rounds_skip_the_draft_and_its_cache_catches_up(tiny_target: TargetModel,
+                                                                    sampling: SamplingConfig) -> None:
+    """copy_first: a round whose last 2 tokens occurred earlier is the copy (the draft does not run);
+    the next drafted round feeds the draft every token it missed. Greedy output is plain greedy's."""
+    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=subset(), copy_ngram=2, copy_first=True)
+    drafter.bind(tiny_target)
+    assert drafter.draft_sources == ("copy", "model") and DraftModelDrafter(tiny_draft()).draft_sources == ()
+    copied = drafter.propose(ctx_of([9, 4, 6, 10, 13, 5, 9, 4], sampling), 3)
+    assert copied.token_ids[0].tolist() == [6, 10, 13] and copied.probs is None
+    model_rounds = []
+    draft = drafter._draft
+    drafter._draft = lambda ctx, k: model_rounds.append(k) or draft(ctx, k)  # type: ignore[method-assign]
+    dec = SpeculativeDecoder(tiny_target, drafter, 4)
+    out = dec.generate(PROMPT, max_new_tokens=40, stop_token_ids=[])
+    assert out.token_ids[0].tolist() == plain_greedy(tiny_target, PROMPT, 40)
+    assert 0 < len(model_rounds) < out.stats.rounds
+    with pytest.raises(ValueError, match="copy_first"):
+        DraftModelDrafter(tiny_draft(), copy_ngram=None, copy_first=True)
+
+
 def test_copying_proposes_what_followed_the_earlier_occurrence(tiny_target: TargetModel) -> None:
     drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=subset(), copy_ngram=2, copy_weight=1.0)
     drafter.bind(tiny_target)
