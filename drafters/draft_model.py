@@ -101,6 +101,9 @@ class DraftModelDrafter:
     copy_weight: the copied token's weight w in q' = (1 - w) q + w onehot (0 < w <= 1).
     copy_first: also copy whole rounds (`drafters.copy_first`): a round whose last copy_ngram..copy_max_ngram
         tokens occurred earlier drafts what followed them there without running the draft at all.
+    confidence_threshold: end a round's draft after a token whose draft probability is below it
+        (transformers' `assistant_confidence_threshold`; `specdraft.draft_loop`); None = always
+        draft the K asked for.
     """
 
     needs_target_hidden: ClassVar[bool] = False
@@ -120,6 +123,7 @@ class DraftModelDrafter:
         copy_max_ngram: int = 4,
         copy_weight: float = 0.9,
         copy_first: bool = False,
+        confidence_threshold: float | None = None,
     ) -> None:
         if copy_ngram is not None and not 1 <= copy_ngram <= copy_max_ngram:
             raise ValueError(
@@ -128,6 +132,9 @@ class DraftModelDrafter:
             )
         if not 0.0 < copy_weight <= 1.0:
             raise ValueError(f"copy_weight must be in (0, 1], got {copy_weight}; the default is 0.9.")
+        if confidence_threshold is not None and not 0.0 < confidence_threshold < 1.0:
+            raise ValueError(f"confidence_threshold must be in (0, 1) or null (always draft K), got {confidence_threshold}.")
+        self.confidence_threshold = confidence_threshold
         self.copy_ngram = copy_ngram
         self.copy_max_ngram = copy_max_ngram
         self.copy_weight = copy_weight
@@ -240,9 +247,10 @@ class DraftModelDrafter:
         if ctx.batch_size == 1:
             feed = self._cache.feed(ctx.token_ids)  # [1, n >= 1] not yet in the draft cache
             return draft_autoregressively(self._next_logits, feed, num_tokens, ctx, self.vocab,
-                                          self._copy_source(ctx.token_ids))
+                                          self._copy_source(ctx.token_ids), self.confidence_threshold)
         rows = self._cache.feed(ctx)  # every row's tokens not yet in the draft cache (>= 1 each)
-        return draft_autoregressively(self._next_logits, rows, num_tokens, ctx, self.vocab, self._copy_sources(ctx))
+        return draft_autoregressively(self._next_logits, rows, num_tokens, ctx, self.vocab, self._copy_sources(ctx),
+                                      self.confidence_threshold)
 
     # ------------------------------------------------------------------------------ internals
     def _new_index(self) -> NGramIndex:

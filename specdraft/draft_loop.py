@@ -16,6 +16,13 @@ A greedy copy (weight >= 0.5) does not depend on q, so the model is not run for 
 tokens are fed to it together with the next token it has to predict (one forward instead of one
 per token), which makes a run of copies nearly as cheap as prompt lookup.
 
+Optionally (`stop_below`) a round's draft ends after a token the model is unsure of: its
+probability under the draft's own distribution (q; the softmax of the logits when greedy, where q
+is one-hot) below the threshold, as transformers' `assistant_confidence_threshold` does. The
+tokens after it would rarely be kept and each costs a draft step and a verify position. Whether
+the draft goes on depends only on what the drafter computed, never on the target, so the
+proposal is still a proper one and verification stays exact. A greedy copy is never unsure.
+
 Batches (B > 1 rows of their own lengths, `specdraft.protocol`): the loop drafts every row at once,
 one model forward per step for all rows. What a row has not fed yet is the tail of a `RowFeed`:
 right aligned, so column -1 is every row's newest input and rows that feed fewer tokens are left
@@ -92,22 +99,26 @@ def draft_autoregressively(
     ctx: DraftContext,
     vocab: PrunedVocab | None = None,
     copy: CopySource | Sequence[CopySource | None] | None = None,
+    stop_below: float | None = None,
 ) -> Draft:
-    """Draft num_tokens tokens one at a time and return them with their q.
+    """Draft up to num_tokens tokens one at a time and return them with their q.
 
     next_logits(feed [1, n]) -> logits [1, M or V] for the token after feed (it appends feed to
     the drafter's own cache). feed [1, n >= 1]: the committed tokens the cache has not seen yet.
     vocab: the pruned draft vocabulary the logits are over (M columns), or None (V columns);
     q is always returned over the target's V ids (zeros outside the subset), so verification
     stays exact. copy: mixes copies of earlier context into q (module docstring), or None.
+    stop_below: end the draft after a token whose probability is below it (module docstring);
+    None = always num_tokens.
 
     Batches (ctx.batch_size > 1): feed is a `RowFeed` (or [B, n] tokens that are all real), copy
     one source per row (or None), and next_logits(tokens [B, n], counts) -> [B, M or V] the logits
     after each row's last column, where counts (a tuple, or None = all n) says how many of the
-    last columns of each row are real (`RowFeed`); every row drafts num_tokens tokens.
+    last columns of each row are real (`RowFeed`); every row drafts num_tokens tokens, or with
+    stop_below up to its own unsure token (`Draft.lengths`; the loop ends when every row has).
     """
     if ctx.batch_size > 1 or isinstance(feed, RowFeed) or not (copy is None or isinstance(copy, CopySource)):
-        return _draft_rows(next_logits, feed, num_tokens, ctx, vocab, copy)
+        return _draft_rows(next_logits, feed, num_tokens, ctx, vocab, copy, stop_below)
     # Greedy drafts are one-hot, so the mixture's argmax is the copy when w >= 0.5 (ties go to the
     # copy) and the draft's own token otherwise: below 0.5 a greedy draft never uses a copy.
     greedy = ctx.sampling.greedy
@@ -121,24 +132,37 @@ def draft_autoregressively(
             tok = feed.new_full((1,), copy_id)  # [1] the copy, whatever q says: q is not computed
             q = torch.zeros((1, lookup.vocab_size), device=feed.device).scatter_(-1, tok[:, None], 1.0)  # [1, V]
             feed = torch.cat([feed, tok[:, None]], dim=1)  # [1, n + 1] fed with the next forward
+            sure = True
         else:
-            q = warp(next_logits(feed), ctx.sampling)  # [1, M or V]
+            logits = next_logits(feed)  # [1, M or V]
+            q = warp(logits, ctx.sampling)  # [1, M or V]
             if copy_id is None:
                 tok = draw(q, ctx.sampling, ctx.generator)  # [1] index into the logits' columns
+                sure = stop_below is None or confidence(logits, q, tok, greedy)[0] >= stop_below
                 if vocab is not None:
                     q, tok = vocab.expand(q), vocab.to_target(tok)  # [1, V], [1] target id
             else:
                 assert lookup is not None
                 q = vocab.expand(q) if vocab is not None else q  # [1, V]
                 q, tok = mix_in_copy(q, copy_id, lookup.weight, ctx.generator)
+                sure = stop_below is None or float(q[0, tok[0]]) >= stop_below
             feed = tok[:, None]  # [1, 1]
         if lookup is not None:
             drafted.append(int(tok))
         tokens.append(tok)
         probs.append(q)
+        if not sure:
+            break
     if not tokens:
         return Draft(token_ids=ctx.token_ids.new_zeros((ctx.token_ids.shape[0], 0)))
     return Draft(token_ids=torch.stack(tokens, dim=1), probs=torch.stack(probs, dim=1))  # [1, K], [1, K, V]
+
+
+def confidence(logits: Tensor, q: Tensor, tok: Tensor, greedy: bool) -> list[float]:
+    """Per row, the drawn token's probability under the draft's distribution: q [B, M] (warped),
+    or softmax(logits [B, M]) when greedy (q is one-hot there); tok [B] indexes the columns."""
+    dist = torch.softmax(logits.float(), dim=-1) if greedy else q  # [B, M]
+    return dist.gather(-1, tok.to(dist.device)[:, None])[:, 0].tolist()
 
 
 def _one_hot(ids: Tensor, width: int) -> Tensor:
@@ -153,6 +177,7 @@ def _draft_rows(
     ctx: DraftContext,
     vocab: PrunedVocab | None,
     copy: CopySource | Sequence[CopySource | None] | None,
+    stop_below: float | None = None,
 ) -> Draft:
     """`draft_autoregressively` for B rows: one forward per step for all rows, unless every row copies.
 
@@ -178,8 +203,9 @@ def _draft_rows(
     lookups = [s if s is not None and not (greedy and s.weight < 0.5) else None for s in sources]
     active = any(s is not None for s in lookups)
     drafted: list[list[int]] = [[] for _ in range(batch)]
+    lengths = [num_tokens] * batch  # a row's draft ends after its first unsure token (stop_below)
     out_tokens, out_probs = [], []
-    for _ in range(num_tokens):
+    for step in range(num_tokens):
         copies = [s.next_token(d) if s is not None else None for s, d in zip(lookups, drafted)] \
             if active else [None] * batch
         skip = [greedy and c is not None for c in copies]  # greedy copies: the model is not asked
@@ -192,7 +218,8 @@ def _draft_rows(
             q = _one_hot(tok, width)  # [B, V]
         else:
             n = max(counts)  # every row feeds what it owes (see the docstring)
-            q = warp(next_logits(tokens[:, -n:], None if min(counts) == n else tuple(counts)), sampling)  # [B, M or V]
+            logits = next_logits(tokens[:, -n:], None if min(counts) == n else tuple(counts))  # [B, M or V]
+            q = warp(logits, sampling)  # [B, M or V]
             mixed = [not greedy and c is not None for c in copies]  # sampled copies mix into q
             if any(mixed):
                 assert copy_ids is not None
@@ -201,10 +228,17 @@ def _draft_rows(
                                        device=q.device)[:, None]  # [B, 1] (0 = q unchanged)
                 q = q * (1.0 - weights) + weights * _one_hot(copy_ids.to(q.device), q.shape[1])
                 tok = sample(q, gen)  # [B]
+                sure = confidence(q, q, tok, False) if stop_below is not None else None
             else:
                 tok = draw(q, sampling, gen)  # [B] index into the logits' columns
+                sure = confidence(logits, q, tok, greedy) if stop_below is not None else None
                 if vocab is not None:
                     q, tok = vocab.expand(q), vocab.to_target(tok)  # [B, V], [B] target ids
+            if sure is not None:
+                assert stop_below is not None
+                for row, p in enumerate(sure):
+                    if p < stop_below and not skip[row] and lengths[row] == num_tokens:
+                        lengths[row] = step + 1
             if any(skip):
                 assert copy_ids is not None
                 mask = torch.tensor(skip, device=q.device)  # [B]
@@ -219,9 +253,13 @@ def _draft_rows(
                 d.append(t)
         out_tokens.append(tok)
         out_probs.append(q)
+        if max(lengths) <= step + 1:  # every row has ended its draft
+            break
     if not out_tokens:
         return Draft(token_ids=ctx.token_ids.new_zeros((batch, 0)))
-    return Draft(token_ids=torch.stack(out_tokens, dim=1), probs=torch.stack(out_probs, dim=1))  # [B, K], [B, K, V]
+    k = len(out_tokens)
+    real = None if min(lengths) >= k else torch.tensor([min(n, k) for n in lengths], dtype=torch.long)  # [B]
+    return Draft(token_ids=torch.stack(out_tokens, dim=1), probs=torch.stack(out_probs, dim=1), lengths=real)  # [B, K], [B, K, V]
 
 
 def _committed(committed: Tensor | DraftContext) -> tuple[Tensor, tuple[int, ...] | None]:

@@ -192,3 +192,52 @@ def test_draft_cache_rows_keep_their_own_prefixes() -> None:
     feed = cache.feed(torch.tensor([rows[1]]))
     assert feed.tolist() == [[13]] and cache.row_lengths() == runner.row_lengths() == [5]
     check_hidden(cache.forward(feed), [rows[1]])
+
+
+def scripted_logits(steps: list[list[list[float]]]):  # noqa: ANN201 - a next_logits callable
+    """next_logits returning the log of steps[i] (one [B, V] distribution per call) at call i."""
+    calls = []
+
+    def next_logits(feed: torch.Tensor, counts: object = None) -> torch.Tensor:
+        calls.append(feed.shape)
+        return torch.tensor(steps[len(calls) - 1]).log()
+
+    return next_logits, calls
+
+
+def test_an_unsure_token_ends_the_draft_after_it() -> None:
+    """Greedy draft probabilities 0.9, 0.4, 0.9: with stop_below=0.5 the draft is the first two tokens
+    (the unsure one included, as transformers' confidence criterion does) and the model runs twice;
+    without it all three. Sampled: the drawn token's q decides (0.6 goes on, 0.4 stops)."""
+    steps = [[[0.9, 0.1, 0.0]], [[0.4, 0.25, 0.35]], [[0.0, 0.9, 0.1]]]
+    greedy = SamplingConfig()
+    ctx = DraftContext(torch.tensor([[0]]), None, greedy, greedy.make_generator())
+    logits, calls = scripted_logits(steps)
+    draft = draft_autoregressively(logits, torch.tensor([[0]]), 3, ctx, stop_below=0.5)
+    assert draft.token_ids[0].tolist() == [0, 0] and len(calls) == 2 and draft.probs.shape == (1, 2, 3)
+    logits, calls = scripted_logits(steps)
+    assert draft_autoregressively(logits, torch.tensor([[0]]), 3, ctx).token_ids[0].tolist() == [0, 0, 1]
+    sampled = SamplingConfig(temperature=1.0)
+    lengths = set()
+    for seed in range(40):
+        ctx = DraftContext(torch.tensor([[0]]), None, sampled, torch.Generator().manual_seed(seed))
+        logits, _ = scripted_logits([[[0.6, 0.4, 0.0]]] * 3)
+        draft = draft_autoregressively(logits, torch.tensor([[0]]), 3, ctx, stop_below=0.5)
+        ids = draft.token_ids[0].tolist()
+        assert all(t == 0 for t in ids[:-1]) and (ids[-1] == 1 or len(ids) == 3)  # stops right after a 1
+        lengths.add(len(ids))
+    assert lengths == {1, 2, 3}
+
+
+def test_batch_rows_end_their_drafts_on_their_own() -> None:
+    """Row 0 is unsure at its second token, row 1 never: lengths [2, 3]; when every row is unsure by
+    the second step the loop ends there."""
+    sure, unsure = [0.9, 0.1, 0.0], [0.4, 0.25, 0.35]
+    greedy = SamplingConfig()
+    ctx = DraftContext(torch.tensor([[0], [1]]), None, greedy, greedy.make_generator())
+    logits, calls = scripted_logits([[sure, sure], [unsure, sure], [sure, sure]])
+    draft = draft_autoregressively(logits, torch.tensor([[0], [1]]), 3, ctx, stop_below=0.5)
+    assert draft.num_tokens == 3 and draft.lengths.tolist() == [2, 3] and len(calls) == 3
+    logits, calls = scripted_logits([[sure, unsure], [unsure, sure], [sure, sure]])
+    draft = draft_autoregressively(logits, torch.tensor([[0], [1]]), 3, ctx, stop_below=0.5)
+    assert draft.num_tokens == 2 and draft.lengths.tolist() == [2, 1] and len(calls) == 2

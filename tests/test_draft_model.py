@@ -190,6 +190,35 @@ def test_negative_control_copy_missing_from_q_fails(tiny_target: TargetModel, mo
     assert pooled_chisquare(counts, expected) < 1e-4
 
 
+@pytest.mark.parametrize("batch", [1, 3], ids=["alone", "batch"])
+def test_a_confidence_stop_keeps_greedy_exact_and_shortens_drafts(tiny_target: TargetModel, batch: int) -> None:
+    """With confidence_threshold rounds end at the draft's first unsure token: some rounds draft fewer
+    than the K asked for, and greedy output is still plain greedy's, alone and row by row in a batch."""
+    from specdraft.models import tiny_random_target
+
+    target = tiny_random_target(vocab_size=16, seed=9) if batch > 1 else tiny_target
+    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=None, copy_ngram=None, confidence_threshold=0.5)
+    dec = SpeculativeDecoder(target, drafter, 4)
+    prompts = [PROMPT, PROMPT[:3], PROMPT[2:]][:batch]
+    out = dec.generate_batch(prompts, max_new_tokens=30, stop_token_ids=[])
+    for prompt, row in zip(prompts, out):
+        assert row.token_ids[0].tolist() == plain_greedy(target, prompt, 30)
+    drafted = [k for row in out for k in row.stats.drafted_per_round[:-2]]  # the last rounds meet the budget
+    assert any(0 < k < 4 for k in drafted) and max(drafted) > 1
+    with pytest.raises(ValueError, match="confidence_threshold"):
+        DraftModelDrafter(tiny_draft(), confidence_threshold=1.0)
+
+
+def test_a_confidence_stop_is_statistically_lossless(tiny_target: TargetModel) -> None:
+    """The stop depends on the draft's own q only, so the sampled output keeps the target's law."""
+    sampling = SamplingConfig(temperature=1.0)
+    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=None, copy_ngram=None, confidence_threshold=0.3)
+    dec = SpeculativeDecoder(tiny_target, drafter, 3, sampling)
+    expected = exact_two_token_distribution(tiny_target, PROMPT, sampling)
+    counts = sample_two_tokens(dec, PROMPT, 1200, tiny_target.vocab_size)
+    assert pooled_chisquare(counts, expected) > 1e-4
+
+
 def test_bad_copy_settings_are_clear_errors() -> None:
     with pytest.raises(ValueError, match="copy_ngram"):
         DraftModelDrafter(copy_ngram=5, copy_max_ngram=4)
