@@ -105,6 +105,9 @@ class EarlyExitDrafter:
         stays exact): the full lm_head is most of a shallow exit's cost.
     copy_ngram: None = the exit alone; else a round whose last copy_ngram..copy_max_ngram tokens
         occurred earlier in the context drafts what followed them there (`drafters.copy_first`).
+    confidence_threshold: end an exit round's draft after a token whose draft probability is below
+        it (`specdraft.draft_loop`; transformers' `assistant_confidence_threshold`); None = always
+        draft the K asked for.
 
     Batch size 1 only: the shared layer-< E cache (`TargetModel.forward_prefix`) is one sequence's.
     """
@@ -124,7 +127,11 @@ class EarlyExitDrafter:
         pruned_vocab: str | Path | PrunedVocab | None = AUTO,
         copy_ngram: int | None = 2,
         copy_max_ngram: int = 4,
+        confidence_threshold: float | None = None,
     ) -> None:
+        if confidence_threshold is not None and not 0.0 < confidence_threshold < 1.0:
+            raise ValueError(f"confidence_threshold must be in (0, 1) or null (always draft K), got {confidence_threshold}.")
+        self.confidence_threshold = confidence_threshold
         self.copy_ngram, self.copy_max_ngram = copy_ngram, copy_max_ngram
         self._copy = CopyFirst(copy_ngram, copy_max_ngram)
         self.draft_sources: tuple[str, ...] = self._copy.sources
@@ -228,7 +235,8 @@ class EarlyExitDrafter:
             prev = ctx.target_hidden if ctx.target_hidden is not None else target.lm_head.weight.new_zeros(
                 (1, target.hidden_size))  # [1, H]; zeros: unknown (a one-token prompt)
         step = ExitStep(target, self.exit_layer, self.adapter, self._head, prev)
-        draft = draft_autoregressively(step, ctx.token_ids[:, -1:], num_tokens, ctx, self.vocab)
+        draft = draft_autoregressively(step, ctx.token_ids[:, -1:], num_tokens, ctx, self.vocab,
+                                       stop_below=self.confidence_threshold)
         if not self.share_kv:
             target.discard_prefix()
         return draft

@@ -277,3 +277,16 @@ def test_copy_first_rounds_and_exit_rounds_share_the_cache(deep_target: TargetMo
     out = SpeculativeDecoder(deep_target, drafter, 3).generate(PROMPT, 40, stop_token_ids=[])
     assert out.token_ids[0].tolist() == plain_greedy(deep_target, PROMPT, 40)
     assert 0 < len(exit_rounds) < out.stats.rounds
+
+
+@pytest.mark.parametrize("share_kv", [True, False])
+def test_a_confidence_stop_shortens_exit_drafts_and_keeps_greedy_exact(deep_target: TargetModel, share_kv: bool) -> None:
+    """confidence_threshold ends an exit round at its first unsure token: some rounds draft fewer than
+    K, on the shared cache as well, and greedy output is plain greedy's. A threshold outside (0, 1) is
+    a clear error."""
+    drafter = EarlyExitDrafter(exit_layer=2, adapter=None, share_kv=share_kv, copy_ngram=None, confidence_threshold=0.5)
+    out = SpeculativeDecoder(deep_target, drafter, 4).generate(PROMPT, 40, stop_token_ids=[])
+    assert out.token_ids[0].tolist() == plain_greedy(deep_target, PROMPT, 40)
+    assert any(0 < k < 4 for k in out.stats.drafted_per_round[:-2])
+    with pytest.raises(ValueError, match="confidence_threshold"):
+        EarlyExitDrafter(exit_layer=2, adapter=None, confidence_threshold=0.0)
