@@ -449,13 +449,18 @@ def test_copy_and_model_rounds_get_their_own_k_policy(tmp_path, monkeypatch) -> 
         dec.generate(prompt, max_new_tokens=4)
 
 
+@pytest.mark.parametrize("k", [3, "auto"])
 @pytest.mark.parametrize("recurrent", [False, True], ids=["plain", "recurrent"])
-def test_copy_first_batch_equals_one_by_one(recurrent: bool) -> None:
+def test_copy_first_batch_equals_one_by_one(recurrent: bool, k: int | str) -> None:
+    """Rows of a batch copy or ask the heads each on their own; under "auto" each source has its own
+    K policy and a round drafts the largest K its rows' sources choose."""
     from specdraft.models import tiny_random_target
 
     target = flat_verify_costs(tiny_random_target(vocab_size=16, seed=9))
     drafter = drafter_with(target, seed=0, recurrent=recurrent, copy_ngram=2)
-    check_batches(SpeculativeDecoder(target, drafter, num_draft_tokens=3))
+    free = check_batches(SpeculativeDecoder(target, drafter, num_draft_tokens=3) if k == 3 else auto_decoder(target, drafter))[0]
+    rounds = zip(*(row.stats.source_per_round for row in free))  # the rows' sources, round by round
+    assert any(len(set(sources)) > 1 for sources in rounds)  # some round mixed copies and head drafts
 
 
 def test_copy_first_is_lossless_at_temperature_one(tiny_target: TargetModel) -> None:
