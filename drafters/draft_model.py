@@ -10,11 +10,14 @@ Optionally it drafts over a pruned vocabulary (`specdraft.vocab.PrunedVocab`): i
 projects onto M of the target's V tokens (V / M times cheaper) and q is zero outside the subset,
 which keeps verification exact.
 
-By default it also copies (`copy_ngram`): where the last copy_ngram..copy_max_ngram committed or
-drafted tokens occurred earlier in the context, the token that followed them there is mixed into q
-with weight `copy_weight` (`specdraft.draft_loop.mix_in_copy`; greedy: it is the draft when the
-weight is >= 0.5). A small draft cannot copy from its context (it has no induction heads), and on
-chat and qa that is where most of its fixable misses are (benchmarks/RESULTS.md).
+By default it also copies (`copy_ngram`), twice over. A round whose last copy_ngram..copy_max_ngram
+committed tokens occurred earlier in the context drafts what followed them there without running the
+draft (`copy_first`, `drafters.copy_first`; such rounds are a draft source of their own, so the K
+policy sizes copies apart from the model's guesses). Inside the model's rounds, where the tokens
+drafted so far end in such an earlier occurrence, the token that followed it is mixed into q with
+weight `copy_weight` (`specdraft.draft_loop.mix_in_copy`; greedy: it is the draft when the weight is
+>= 0.5). A small draft cannot copy from its context (it has no induction heads), and on chat and qa
+that is where most of its fixable misses are (benchmarks/RESULTS.md).
 
     DraftModelDrafter()                                 # the shipped distilled draft for smollm2-135m + copying
     DraftModelDrafter(model="HuggingFaceTB/SmolLM2-135M-Instruct", pruned_vocab=None)
@@ -100,7 +103,8 @@ class DraftModelDrafter:
         context is copied; copy_max_ngram the longest tried first (the most recent occurrence wins).
     copy_weight: the copied token's weight w in q' = (1 - w) q + w onehot (0 < w <= 1).
     copy_first: also copy whole rounds (`drafters.copy_first`): a round whose last copy_ngram..copy_max_ngram
-        tokens occurred earlier drafts what followed them there without running the draft at all.
+        tokens occurred earlier drafts what followed them there without running the draft at all;
+        False = copies only mixed into the draft's q.
     confidence_threshold: end a round's draft after a token whose draft probability is below it
         (transformers' `assistant_confidence_threshold`; `specdraft.draft_loop`); None = always
         draft the K asked for.
@@ -122,7 +126,7 @@ class DraftModelDrafter:
         copy_ngram: int | None = 2,
         copy_max_ngram: int = 4,
         copy_weight: float = 0.9,
-        copy_first: bool = False,
+        copy_first: bool = True,
         confidence_threshold: float | None = None,
     ) -> None:
         if copy_ngram is not None and not 1 <= copy_ngram <= copy_max_ngram:
@@ -138,11 +142,8 @@ class DraftModelDrafter:
         self.copy_ngram = copy_ngram
         self.copy_max_ngram = copy_max_ngram
         self.copy_weight = copy_weight
-        if copy_first and copy_ngram is None:
-            raise ValueError("copy_first copies whole rounds with copy_ngram..copy_max_ngram: set copy_ngram "
-                             "(e.g. 2) or copy_first=false.")
-        self.copy_first = copy_first
-        self._copy_rounds = CopyFirst(copy_ngram if copy_first else None, copy_max_ngram)
+        self.copy_first = copy_first and copy_ngram is not None  # copy_ngram=None turns every copy off
+        self._copy_rounds = CopyFirst(copy_ngram if self.copy_first else None, copy_max_ngram)
         self.draft_sources: tuple[str, ...] = self._copy_rounds.sources
         self._copy_indexes: list[NGramIndex] = []  # per row: n-grams of its committed tokens (copy_ngram set)
         self.model_spec = model

@@ -123,7 +123,8 @@ def test_copy_first_rounds_skip_the_draft_and_its_cache_catches_up(tiny_target: 
     the next drafted round feeds the draft every token it missed. Greedy output is plain greedy's."""
     drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=subset(), copy_ngram=2, copy_first=True)
     drafter.bind(tiny_target)
-    assert drafter.draft_sources == ("copy", "model") and DraftModelDrafter(tiny_draft()).draft_sources == ()
+    assert drafter.draft_sources == ("copy", "model") == DraftModelDrafter(tiny_draft()).draft_sources
+    assert DraftModelDrafter(tiny_draft(), copy_first=False).draft_sources == ()
     copied = drafter.propose(ctx_of([9, 4, 6, 10, 13, 5, 9, 4], sampling), 3)
     assert copied.token_ids[0].tolist() == [6, 10, 13] and copied.probs is None
     model_rounds = []
@@ -133,12 +134,12 @@ def test_copy_first_rounds_skip_the_draft_and_its_cache_catches_up(tiny_target: 
     out = dec.generate(PROMPT, max_new_tokens=40, stop_token_ids=[])
     assert out.token_ids[0].tolist() == plain_greedy(tiny_target, PROMPT, 40)
     assert 0 < len(model_rounds) < out.stats.rounds
-    with pytest.raises(ValueError, match="copy_first"):
-        DraftModelDrafter(tiny_draft(), copy_ngram=None, copy_first=True)
+    alone = DraftModelDrafter(tiny_draft(), copy_ngram=None)  # no copying at all, copy_first included
+    assert alone.draft_sources == () and not alone.copy_first
 
 
 def test_copying_proposes_what_followed_the_earlier_occurrence(tiny_target: TargetModel) -> None:
-    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=subset(), copy_ngram=2, copy_weight=1.0)
+    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=subset(), copy_ngram=2, copy_weight=1.0, copy_first=False)
     drafter.bind(tiny_target)
     draft = drafter.propose(ctx_of([9, 4, 6, 10, 13, 5, 9, 4]), 3)  # 4, 6, 10 are outside the subset
     assert draft.token_ids[0].tolist() == [6, 10, 13]
@@ -150,13 +151,13 @@ def test_copying_proposes_what_followed_the_earlier_occurrence(tiny_target: Targ
 @pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=1.0, seed=3)])
 def test_copying_rollback_leaves_no_stale_kv(tiny_target: TargetModel, sampling: SamplingConfig) -> None:
     prompt = [9, 4, 6, 10, 13, 5, 9, 4, 6]  # the copies 10, 13 are drafted but not fed to the draft (greedy)
-    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=subset(), copy_ngram=2)
+    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=subset(), copy_ngram=2, copy_first=False)
     drafter.bind(tiny_target)
     first = drafter.propose(ctx_of(prompt, sampling), 4).token_ids[0].tolist()
     committed = prompt + first[:2] + [7]  # two kept, then a recovered token
     drafter.commit(ctx_of(committed, sampling), [2])
     again = drafter.propose(ctx_of(committed, sampling), 3)
-    fresh = DraftModelDrafter(tiny_draft(), pruned_vocab=subset(), copy_ngram=2)
+    fresh = DraftModelDrafter(tiny_draft(), pruned_vocab=subset(), copy_ngram=2, copy_first=False)
     fresh.bind(tiny_target)
     ref = fresh.propose(ctx_of(committed, sampling), 3)
     assert again.token_ids.tolist() == ref.token_ids.tolist()
@@ -167,7 +168,7 @@ def test_copying_is_statistically_lossless(tiny_target: TargetModel) -> None:
     """Top-p on the pruned vocabulary: the mixture is formed over V after expanding q (the negative
     control below runs at T = 1 on the full vocabulary)."""
     sampling = SamplingConfig(temperature=0.8, top_p=0.9)
-    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=subset(), copy_ngram=1, copy_weight=0.6)
+    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=subset(), copy_ngram=1, copy_weight=0.6, copy_first=False)
     dec = SpeculativeDecoder(tiny_target, drafter, 2, sampling)
     expected = exact_two_token_distribution(tiny_target, PROMPT, sampling)
     counts = sample_two_tokens(dec, PROMPT, 1200, tiny_target.vocab_size)
@@ -183,7 +184,7 @@ def test_negative_control_copy_missing_from_q_fails(tiny_target: TargetModel, mo
 
     monkeypatch.setattr(specdraft.draft_loop, "mix_in_copy", unmixed)
     sampling = SamplingConfig(temperature=1.0)
-    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=None, copy_ngram=1, copy_weight=0.9)
+    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=None, copy_ngram=1, copy_weight=0.9, copy_first=False)
     dec = SpeculativeDecoder(tiny_target, drafter, 2, sampling)
     expected = exact_two_token_distribution(tiny_target, PROMPT, sampling)
     counts = sample_two_tokens(dec, PROMPT, 1200, tiny_target.vocab_size)
