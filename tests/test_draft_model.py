@@ -175,6 +175,20 @@ def test_copying_is_statistically_lossless(tiny_target: TargetModel) -> None:
     assert pooled_chisquare(counts, expected) > 1e-4
 
 
+def test_the_default_copying_first_is_statistically_lossless(tiny_target: TargetModel) -> None:
+    """The default draft model (copy_first) at T = 1: PROMPT's last 2 tokens occurred earlier, so the
+    first round is a copy (one-hot q) and later rounds the draft's mixed q; the first two tokens keep
+    the target's exact distribution."""
+    sampling = SamplingConfig(temperature=1.0)
+    drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=subset())
+    drafter.bind(tiny_target)
+    assert drafter.source_of(ctx_of(PROMPT, sampling)) == [0]  # a copy drafts the first round
+    dec = SpeculativeDecoder(tiny_target, drafter, 2, sampling)
+    expected = exact_two_token_distribution(tiny_target, PROMPT, sampling)
+    counts = sample_two_tokens(dec, PROMPT, 1200, tiny_target.vocab_size)
+    assert pooled_chisquare(counts, expected) > 1e-4
+
+
 def test_negative_control_copy_missing_from_q_fails(tiny_target: TargetModel, monkeypatch: pytest.MonkeyPatch) -> None:
     """A drafter that draws copies but reports its unmixed q must fail the same test."""
     mix = specdraft.draft_loop.mix_in_copy
