@@ -15,6 +15,7 @@ from specdraft.models import tiny_random_target
 from specdraft.target import TargetModel
 from specdraft.train.distill import (
     Example,
+    answer_label_examples,
     answer_sequences,
     answer_window,
     batch_at,
@@ -235,6 +236,47 @@ def test_missing_selfgen_topk_is_computed_once_and_cached(target_and_data: tuple
         assert ex.topk_indices[:, 0].tolist() == top.indices[:, 0].tolist()
 
 
+
+def test_answer_labels_are_the_answer_tokens_at_the_teacher_positions(target_and_data: tuple, tmp_path: Path) -> None:
+    """`data.selfgen_labels=answer`: each answer position's label is the token the target wrote there
+    (one-hot, full weight), at exactly the positions the teacher's top-k would cover, long prompts too."""
+    target, seqs = target_and_data
+    flat = seqs["train"].flatten()  # [640]
+    records = [{"id": "short", "prompt_ids": flat[:5].tolist(), "completion_ids": flat[5:20].tolist()},
+               {"id": "long", "prompt_ids": flat[:200].tolist(), "completion_ids": flat[200:230].tolist()}]
+    cache_selfgen_topk(target, records, tmp_path, top_k=4)
+    teacher, _ = selfgen_examples(records, tmp_path, max_len=64)
+    answers = answer_label_examples(records, max_len=64)
+    for r, got, want in zip(records, answers, teacher, strict=True):
+        assert torch.equal(got.ids, want.ids) and torch.equal(got.positions, want.positions)
+        assert got.topk_indices[:, 0].tolist() == r["completion_ids"] and got.topk_indices.shape[1] == 1
+        student = torch.randn(len(got.positions), 64)  # [n, V]
+        ce = torch.nn.functional.cross_entropy(student, got.topk_indices[:, 0])
+        torch.testing.assert_close(distill_loss(student, got.topk_values, got.topk_indices, renormalize=False), ce)
+
+
+def test_recipe_trains_on_answer_tokens_without_a_teacher_pass(
+    target_and_data: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The recipe with `data.selfgen_labels=answer` runs no teacher over the training answers (only
+    the held-out ones are scored against the exact p), raises the held-out greedy agreement on the
+    target's own greedy answers, and an unknown label kind is a clear error."""
+    target, seqs = target_and_data
+    path = tmp_path / "selfgen.jsonl"
+    path.write_text("".join(json.dumps({"id": f"r{i}", "split": "eval" if i >= 20 else "train",
+                                        "prompt_ids": s[:4], "completion_ids": s[4:]}) + "\n"
+                            for i, s in enumerate(seqs["train"].tolist() + seqs["eval"].tolist())))
+    monkeypatch.setattr("specdraft.train.distill.teacher_examples", lambda *a, **k: pytest.fail("a teacher pass"))
+    cfg = tiny_cfg(tmp_path / "out", steps=40)
+    cfg["data"].update(selfgen=str(path), selfgen_labels="answer", eval_selfgen=4)
+    summary = run(cfg, target=target)
+    assert summary["train_positions"] == 20 * 28  # every answer token of every training answer
+    first, last = summary["init_candidates"], summary["held_out"]["selfgen"]
+    assert last["greedy_agreement"] > max(c["selfgen"]["greedy_agreement"] for c in first)
+    cfg = tiny_cfg(tmp_path / "bad", steps=1)
+    cfg["data"].update(selfgen=str(path), selfgen_labels="argmax", eval_selfgen=4)
+    with pytest.raises(ValueError, match="selfgen_labels must be one of"):
+        run(cfg, target=target)
 
 
 def test_answer_window_keeps_answer_positions_of_long_prompts() -> None:

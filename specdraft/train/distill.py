@@ -9,7 +9,10 @@ Recipe (full-vocabulary KL is too slow on CPU, so everything works on a pruned v
 2. Teacher targets are cached ONCE as top-k logits per position: for the target's own greedy
    answers to chat-like prompts (self-distillation, `specdraft.train.selfgen`, captured during
    generation, or by one teacher pass saved to the same cache) and for blocks of the offline corpus
-   (one batched teacher forward, or the early-exit recipe's cache: `data.exit_cache`).
+   (one batched teacher forward, or the early-exit recipe's cache: `data.exit_cache`). With
+   `data.selfgen_labels=answer` the answers need no teacher at all: the token the target wrote at each
+   position is its label (sequence-level distillation), which makes millions of answer tokens
+   trainable on a CPU where a teacher pass over them would take hours.
 3. Loss: cross-entropy of the student's subset distribution against the teacher's top-k
    distribution (= KL(p||q) up to a constant, restricted to the tokens the student can emit),
    trained by the one skeleton `specdraft.train.loop.train` (the `train:` group); the batch of a
@@ -74,6 +77,8 @@ def student_sub_logits(student: LlamaForCausalLM, input_ids: Tensor, head: Tenso
 
 
 # ==================================================================================== teacher data
+SELFGEN_LABELS = ("teacher", "answer")  # data.selfgen_labels: what a self-generated answer is trained against
+
 @dataclass(frozen=True)
 class Example:
     """A token sequence with cached teacher top-k logits at some of its positions.
@@ -144,6 +149,22 @@ def selfgen_examples(records: list[dict], cache_dir: str | Path | None, max_len:
         keep = (pos >= 0) & (pos < len(ids))  # the position's input is inside the window
         examples.append(Example(ids, pos[keep], vals[keep], idx[keep].long()))
     return examples, missing
+
+
+def answer_label_examples(records: list[dict], max_len: int) -> list[Example]:
+    """Examples whose label at every answer position is the token the target wrote there (one-hot:
+    top-1 with the full weight), read from the records alone: sequence-level distillation (Kim & Rush,
+    2016), no teacher pass. A greedy answer's token is the target's argmax, which is what greedy
+    drafting must match; a sampled answer's token is a draw from p, an unbiased estimate of the
+    soft target's gradient. This is what makes millions of answer tokens trainable on a CPU."""
+    examples = []
+    for r in records:
+        ids, w = windowed_record(r, max_len)
+        first = len(r["prompt_ids"]) - 1 - w  # the window position that predicts the first answer token
+        pos = torch.arange(max(first, 0), len(ids) - 1)  # [n] positions whose next token is an answer token
+        labels = ids[pos + 1]  # [n]
+        examples.append(Example(ids, pos, torch.zeros((len(pos), 1), dtype=torch.float16), labels[:, None]))
+    return examples
 
 
 def cache_selfgen_topk(target: TargetModel, records: list[dict], cache_dir: str | Path, top_k: int) -> Path:
@@ -400,12 +421,21 @@ class DistillData:
 
 
 def selfgen_data(target: TargetModel, d: Mapping[str, Any], weight: float) -> DistillData:
-    """The target's own answers (`data.selfgen`): top-k from `data.selfgen_cache`, else one teacher
-    pass (kept in that cache for the next run); each answer `data.selfgen_repeat` times."""
+    """The target's own answers (`data.selfgen`), labelled per `data.selfgen_labels`: "teacher" =
+    top-k from `data.selfgen_cache`, else one teacher pass (kept in that cache for the next run);
+    "answer" = the answer's own tokens (`answer_label_examples`, no teacher pass). Each answer
+    `data.selfgen_repeat` times."""
     top_k, max_len = int(d["top_k"]), int(d["max_len"])
+    labels = d.get("selfgen_labels", "teacher")
+    if labels not in SELFGEN_LABELS:
+        raise ValueError(f"data.selfgen_labels must be one of {SELFGEN_LABELS}, got {labels!r}: \"teacher\" distils "
+                         "the target's top-k (one teacher pass), \"answer\" trains on the answers' own tokens.")
     path = d["selfgen"] if d["selfgen"] is not True else None
     recs = load_selfgen_records("train", path)
-    ex, missing = selfgen_examples(recs, d.get("selfgen_cache"), max_len)
+    if labels == "answer":
+        ex, missing = answer_label_examples(recs, max_len), []
+    else:
+        ex, missing = selfgen_examples(recs, d.get("selfgen_cache"), max_len)
     if missing and d.get("selfgen_cache"):  # a fresh machine: one teacher pass, kept for the next run
         print(f"[distill] teacher top-{top_k} for {len(missing)} answers -> "
               f"{cache_selfgen_topk(target, missing, d['selfgen_cache'], top_k)}", flush=True)
