@@ -20,6 +20,7 @@ from specdraft.train.distill import (
     answer_window,
     batch_at,
     cache_selfgen_topk,
+    collate,
     exit_cache_examples,
     pack_batches,
     run,
@@ -277,6 +278,22 @@ def test_recipe_trains_on_answer_tokens_without_a_teacher_pass(
     cfg["data"].update(selfgen=str(path), selfgen_labels="argmax", eval_selfgen=4)
     with pytest.raises(ValueError, match="selfgen_labels must be one of"):
         run(cfg, target=target)
+
+
+def test_a_batch_mixing_answer_labels_and_teacher_top_k_scores_each_as_alone() -> None:
+    """An answer-label example (k = 1) and a teacher example (k = 3) in one batch: the padded
+    columns carry no mass, so each position's loss is what it is in a batch of its own."""
+    vocab = PrunedVocab(torch.arange(10), 10)  # every token kept, subset index = token id
+    answer = Example(torch.tensor([1, 2, 3, 4]), torch.tensor([1, 2]), torch.zeros(2, 1, dtype=torch.float16),
+                     torch.tensor([[3], [4]]))
+    teacher = Example(torch.tensor([5, 6, 7]), torch.tensor([0]), torch.tensor([[2.0, 1.0, 0.5]], dtype=torch.float16),
+                      torch.tensor([[6, 1, 9]]))
+    ids, where, vals, subs = collate([answer, teacher], vocab)
+    assert ids.shape == (2, 4) and where.tolist() == [[0, 1], [0, 2], [1, 0]] and vals.shape == subs.shape == (3, 3)
+    logits = torch.randn(3, 10)  # [N, M]
+    alone = [distill_loss(logits[:2], answer.topk_values, answer.topk_indices, renormalize=False) * 2,
+             distill_loss(logits[2:], teacher.topk_values, teacher.topk_indices, renormalize=False)]
+    torch.testing.assert_close(distill_loss(logits, vals, subs, renormalize=False), sum(alone) / 3)
 
 
 def test_answer_window_keeps_answer_positions_of_long_prompts() -> None:

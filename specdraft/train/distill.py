@@ -344,15 +344,19 @@ def batch_at(batches: Sequence[list[Example]], step: int, seed: int) -> list[Exa
 
 def collate(batch: Sequence[Example], vocab: PrunedVocab) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """ids [B, T] (right-padded), flat (row, pos) index [N, 2] of the scored positions, teacher
-    top-k values [N, k] and their subset indices [N, k] (-1 outside the pruned vocabulary)."""
+    top-k values [N, k] and their subset indices [N, k] (-1 outside the pruned vocabulary). Examples
+    of different k (answer-token labels beside a teacher's top-k) are padded to the batch's largest k
+    with -inf logits at index -1, which carry no teacher mass."""
     width = max(len(e.ids) for e in batch)
+    k = max(e.topk_values.shape[1] for e in batch)
     ids = torch.zeros((len(batch), width), dtype=torch.long)
     where, vals, subs = [], [], []
     for i, e in enumerate(batch):
         ids[i, : len(e.ids)] = e.ids
         where.append(torch.stack([torch.full_like(e.positions, i), e.positions], dim=1))
-        vals.append(e.topk_values)
-        subs.append(vocab.to_subset(e.topk_indices))
+        pad = k - e.topk_values.shape[1]
+        vals.append(torch.nn.functional.pad(e.topk_values, (0, pad), value=float("-inf")))
+        subs.append(torch.nn.functional.pad(vocab.to_subset(e.topk_indices), (0, pad), value=-1))
     return ids, torch.cat(where), torch.cat(vals), torch.cat(subs)
 
 
