@@ -93,6 +93,34 @@ def test_continuing_a_draft_records_init_from_as_given(
     assert [c["init_from"] for c in meta["init_candidates"]] == ["tiny/draft"]
 
 
+def test_continuing_a_draft_keeps_its_vocabulary_unless_rebuilt(
+    target_and_data: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`student.init_from` keeps the init's pruned vocabulary; `vocab.rebuild=true` ranks one from the
+    new run's data (text made of tokens the first vocabulary lacks) and the layers still carry over."""
+    target, seqs = target_and_data
+    first = tiny_cfg(tmp_path / "first", steps=2)
+    first["vocab"]["size"] = 16
+    first["data"]["sequences"] = [seqs]
+    run(first, target=target)
+    init_ids = set(PrunedVocab.load(tmp_path / "first" / "artifact" / VOCAB_FILE).ids.tolist())
+    unseen = torch.tensor(sorted(set(range(64)) - init_ids)[:16])  # [16] tokens the first vocabulary lacks
+    pick = torch.Generator().manual_seed(3)
+    other = {"train": unseen[torch.randint(0, 16, (8, 24), generator=pick)],
+             "eval": unseen[torch.randint(0, 16, (2, 24), generator=pick)], "name": "other"}
+    monkeypatch.setattr("specdraft.train.distill.require_artifact", lambda spec, what: tmp_path / "first" / "artifact")
+    ids = {}
+    for name, rebuild in (("kept", False), ("rebuilt", True)):
+        cfg = tiny_cfg(tmp_path / name, steps=2)
+        cfg["vocab"].update(size=16, rebuild=rebuild)
+        cfg["data"]["sequences"] = [other]
+        cfg["student"]["init_from"] = "tiny/draft"
+        run(cfg, target=target)
+        ids[name] = set(PrunedVocab.load(tmp_path / name / "artifact" / VOCAB_FILE).ids.tolist())
+    assert ids["kept"] == init_ids
+    assert ids["rebuilt"] != init_ids and len(ids["rebuilt"] & set(unseen.tolist())) >= 12
+
+
 def test_recipe_resumes_exactly_from_checkpoint(
     target_and_data: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -513,11 +513,12 @@ def init_from_dir(cfg: Mapping[str, Any]) -> Path | None:
 def build_vocab(cfg: Mapping[str, Any], target: TargetModel, data: DistillData) -> PrunedVocab:
     """Step 2: the pruned vocabulary: the `vocab.size` most frequent tokens of the training data
     (plus `vocab.corpus_tokens` of corpus text counted without a teacher), or the one of the draft
-    that `student.init_from` continues."""
-    init = init_from_dir(cfg)
-    if init is not None:
-        return PrunedVocab.load(init / VOCAB_FILE)
+    that `student.init_from` continues unless `vocab.rebuild` (new data may need other tokens; the
+    head is the target's own rows, so the draft's layers carry over to any subset)."""
     v = cfg["vocab"]
+    init = init_from_dir(cfg)
+    if init is not None and not v.get("rebuild", False):
+        return PrunedVocab.load(init / VOCAB_FILE)
     tokens, weights = list(data.vocab_tokens), list(data.vocab_weights)
     if int(v.get("corpus_tokens", 0)) > 0 and target.tokenizer is not None:  # counted, no teacher
         tokens.append(token_blocks(target.tokenizer, corpus_documents("train"), 1024, int(v["corpus_tokens"])))
