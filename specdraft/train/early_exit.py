@@ -20,10 +20,12 @@ the shipped adapter's folder below) only with `overwrite=true`, checked before t
 (`specdraft.outputs`). It records its target (`specdraft.formats.target_info`); so does the
 teacher cache, named after the target unless `cache_name` is set.
 
+    cp specdraft/artifacts/smollm2-135m/early_exit/pruned_vocab.json outputs/exit_vocab.json
     specdraft-train-early-exit exit_layer=6 adapter.context=true "sources=[selfgen,stdlib,pydoc]" \
         train_tokens=3200000 eval_tokens=4096 train.max_steps=60000 train.max_minutes=35 threads=2 \
-        pruned_vocab=specdraft/artifacts/smollm2-135m/draft/pruned_vocab.json \
-        out_dir=specdraft/artifacts/smollm2-135m/early_exit overwrite=true
+        pruned_vocab=outputs/exit_vocab.json out_dir=specdraft/artifacts/smollm2-135m/early_exit overwrite=true
+
+(its vocabulary is the 2026-11-30 draft's, kept beside the adapter).
 """
 
 from __future__ import annotations
