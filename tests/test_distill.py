@@ -265,7 +265,6 @@ def test_missing_selfgen_topk_is_computed_once_and_cached(target_and_data: tuple
         assert ex.topk_indices[:, 0].tolist() == top.indices[:, 0].tolist()
 
 
-
 def test_answer_labels_are_the_answer_tokens_at_the_teacher_positions(target_and_data: tuple, tmp_path: Path) -> None:
     """`data.selfgen_labels=answer`: each answer position's label is the token the target wrote there
     (one-hot, full weight), at exactly the positions the teacher's top-k would cover, long prompts too."""

@@ -79,6 +79,7 @@ def student_sub_logits(student: LlamaForCausalLM, input_ids: Tensor, head: Tenso
 # ==================================================================================== teacher data
 SELFGEN_LABELS = ("teacher", "answer")  # data.selfgen_labels: what a self-generated answer is trained against
 
+
 @dataclass(frozen=True)
 class Example:
     """A token sequence with cached teacher top-k logits at some of its positions.
