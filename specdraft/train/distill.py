@@ -159,9 +159,7 @@ def answer_label_examples(records: list[dict], max_len: int) -> list[Example]:
     drafting must match; a sampled answer's token is a draw from p, an unbiased estimate of the
     soft target's gradient. This is what makes millions of answer tokens trainable on a CPU."""
     examples = []
-    for r in records:
-        ids, w = windowed_record(r, max_len)
-        first = len(r["prompt_ids"]) - 1 - w  # the window position that predicts the first answer token
+    for ids, first in zip(*answer_sequences(records, max_len), strict=True):  # first: predicts the first answer token
         pos = torch.arange(max(first, 0), len(ids) - 1)  # [n] positions whose next token is an answer token
         labels = ids[pos + 1]  # [n]
         examples.append(Example(ids, pos, torch.zeros((len(pos), 1), dtype=torch.float16), labels[:, None]))
