@@ -23,6 +23,7 @@ that is where most of its fixable misses are (benchmarks/RESULTS.md).
     DraftModelDrafter(model="HuggingFaceTB/SmolLM2-135M-Instruct", pruned_vocab=None)
     DraftModelDrafter(model=my_module)                  # any in-memory HF causal LM
     DraftModelDrafter(copy_ngram=None)                  # the draft alone, no copying
+    DraftModelDrafter(siblings=1)                       # greedy: a tree, the runner-up beside every token
 
 Batches (`generate_batch`): every row keeps its own prefix of the draft's cache (the cache's rows
 are ragged, `specdraft.draft_loop.DraftCache`) and its own copy index; one draft forward per step
@@ -108,6 +109,10 @@ class DraftModelDrafter:
     confidence_threshold: end a round's draft after a token whose draft probability is below it
         (transformers' `assistant_confidence_threshold`; `specdraft.draft_loop`); None = always
         draft the K asked for.
+    siblings: greedy decoding of one sequence: at each drafted position also propose the draft's
+        next `siblings` best tokens, as leaves of a candidate tree verified in the same forward
+        (`specdraft.tree.chain_with_siblings`; no extra draft forward, more verify positions);
+        0 = a chain. At temperature > 0 and in batches the draft is a chain.
     """
 
     needs_target_hidden: ClassVar[bool] = False
@@ -128,6 +133,7 @@ class DraftModelDrafter:
         copy_weight: float = 0.9,
         copy_first: bool = True,
         confidence_threshold: float | None = None,
+        siblings: int = 0,
     ) -> None:
         if copy_ngram is not None and not 1 <= copy_ngram <= copy_max_ngram:
             raise ValueError(
@@ -138,7 +144,10 @@ class DraftModelDrafter:
             raise ValueError(f"copy_weight must be in (0, 1], got {copy_weight}; the default is 0.9.")
         if confidence_threshold is not None and not 0.0 < confidence_threshold < 1.0:
             raise ValueError(f"confidence_threshold must be in (0, 1) or null (always draft K), got {confidence_threshold}.")
+        if isinstance(siblings, bool) or not isinstance(siblings, int) or siblings < 0:
+            raise ValueError(f"siblings must be an integer >= 0 (0 = draft a chain), got {siblings!r}.")
         self.confidence_threshold = confidence_threshold
+        self.siblings = siblings
         self.copy_ngram = copy_ngram
         self.copy_max_ngram = copy_max_ngram
         self.copy_weight = copy_weight
@@ -247,8 +256,9 @@ class DraftModelDrafter:
         assert self._cache is not None
         if ctx.batch_size == 1:
             feed = self._cache.feed(ctx.token_ids)  # [1, n >= 1] not yet in the draft cache
+            siblings = self.siblings if ctx.sampling.greedy else 0  # a tree of one-hot candidates: greedy only
             return draft_autoregressively(self._next_logits, feed, num_tokens, ctx, self.vocab,
-                                          self._copy_source(ctx.token_ids), self.confidence_threshold)
+                                          self._copy_source(ctx.token_ids), self.confidence_threshold, siblings)
         rows = self._cache.feed(ctx)  # every row's tokens not yet in the draft cache (>= 1 each)
         return draft_autoregressively(self._next_logits, rows, num_tokens, ctx, self.vocab, self._copy_sources(ctx),
                                       self.confidence_threshold)

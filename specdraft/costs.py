@@ -163,16 +163,19 @@ def cached_value(key: str, measure: Callable[[], Any], usable: Callable[[Any], b
 
 
 def draft_cost_ratios(
-    drafted: Sequence[int], draft_s: Sequence[float], verify_s: Sequence[float], curve: Sequence[float]
+    drafted: Sequence[int], draft_s: Sequence[float], verify_s: Sequence[float], curve: Sequence[float],
+    scored: Sequence[int] | None = None,
 ) -> list[float | None]:
     """Per round of one generation, a drafter's seconds per drafted token in units of one target
-    step T_v(0): (draft seconds / tokens drafted) / (verify seconds / curve[k]) (each round's verify
+    step T_v(0): (draft seconds / tokens drafted) / (verify seconds / curve[n]) (each round's verify
     forward tells the run's T_v(0) through the curve); None for the first round (whose drafting
     also catches the drafter up on the prompt) and for rounds without a timed verify. A round that
-    drafted nothing counts its drafting time as one token's (the cost of trying)."""
+    drafted nothing counts its drafting time as one token's (the cost of trying). n = the tokens
+    the verify forward scored, `scored` (a candidate tree's nodes), or None = `drafted` (a chain)."""
+    scored = drafted if scored is None else scored
     return [
-        (d / max(k, 1)) / (v / curve[k]) if i > 0 and v > 0 else None
-        for i, (k, d, v) in enumerate(zip(drafted, draft_s, verify_s))
+        (d / max(k, 1)) / (v / curve[n]) if i > 0 and v > 0 else None
+        for i, (k, n, d, v) in enumerate(zip(drafted, scored, draft_s, verify_s))
     ]
 
 

@@ -37,7 +37,7 @@ from specdraft.protocol import Draft, DraftContext, Drafter
 from specdraft.sampling import SamplingConfig, warp
 from specdraft.stats import BatchStats, GenerationStats
 from specdraft.target import TargetModel
-from specdraft.tree import tree_accept, tree_score
+from specdraft.tree import tree_accept, tree_depth, tree_score
 from specdraft.verify import VerifyResult, greedy_verify, rejection_sample
 
 
@@ -306,7 +306,8 @@ class SpeculativeDecoder:
             delivered = delivered or (self.drafter is not None and k_max > 0)  # propose sees ctx's features
             draft = self._propose(ctx, k_max, device)
             t1 = time.perf_counter()
-            k = draft.num_tokens
+            k = draft.num_tokens  # the positions the target scores (a tree's nodes)
+            depth = k if draft.parents is None else tree_depth(draft.parents[0].tolist())  # draft steps: what K sizes
             inputs = torch.cat([ctx.token_ids[:, -1:], draft.token_ids], dim=1)  # [b, K+1]
             if draft.parents is not None:  # a candidate tree (batch size 1): one forward with the tree mask
                 out = tree_score(self.target, inputs, draft, layers)
@@ -329,7 +330,7 @@ class SpeculativeDecoder:
             host = torch.cat([t.to(device) for t in parts]).tolist()
             accepted, nxt = host[:b], host[b : 2 * b]
             drafts = [host[2 * b + j * k : 2 * b + (j + 1) * k] for j in range(b)]
-            drafted = host[2 * b + b * k :] if draft.lengths is not None else [k] * b
+            drafted = host[2 * b + b * k :] if draft.lengths is not None else [depth] * b
             finished = []
             for j, i in enumerate(live):
                 emitted = drafts[j][: accepted[j]] + [nxt[j]]
@@ -436,14 +437,15 @@ class SpeculativeDecoder:
             stats = run.results[0].stats  # a round's draft and verify seconds are the batch's
             self.target.reset()
             self.drafter.reset()  # type: ignore[union-attr]
-            drafted = run.stats.drafted_per_round  # K of each round (a tree drafter may score more nodes)
-            longest = max(drafted, default=0)
+            scored = run.stats.drafted_per_round  # tokens each round's verify forward scored (a tree's nodes)
+            drafted = stats.drafted_per_round if batch_size == 1 else scored  # draft steps (a tree's depth)
+            longest = max(scored, default=0)
             if batch_size > 1:
                 curve = costs.verify_curve(self.target, longest, batch_size=batch_size)
             else:
                 curve = self.verify_curve if self.verify_curve and len(self.verify_curve) > longest \
                     else costs.verify_curve(self.target, longest)
-            ratios += costs.draft_cost_ratios(drafted, stats.draft_s_per_round, stats.verify_s_per_round, curve)
+            ratios += costs.draft_cost_ratios(drafted, stats.draft_s_per_round, stats.verify_s_per_round, curve, scored)
             sources += stats.source_per_round
         return costs.draft_costs_by_source(sources, ratios, num_sources)
 
@@ -479,11 +481,12 @@ class SpeculativeDecoder:
             return Draft(token_ids=torch.empty((b, 0), dtype=torch.long, device=device))
         draft = self.drafter.propose(ctx, k_max)
         name = type(self.drafter).__name__
-        if draft.num_tokens > k_max or draft.token_ids.shape[0] != b:
+        size = draft.num_tokens if draft.parents is None else tree_depth(draft.parents[0].tolist())
+        if size > k_max or draft.token_ids.shape[0] != b:
             raise ValueError(
-                f"{name}.propose returned a draft of shape {tuple(draft.token_ids.shape)} but "
+                f"{name}.propose returned a draft of shape {tuple(draft.token_ids.shape)} (depth {size}) but "
                 f"[{b}, <= {k_max}] was asked for; a drafter returns one row per sequence and at most "
-                "num_tokens tokens."
+                "num_tokens tokens (a tree: at most num_tokens deep)."
             )
         if draft.parents is not None and b > 1:
             raise ValueError(f"{name} proposed a candidate tree for {b} rows; trees verify at batch size 1 only.")

@@ -23,6 +23,11 @@ tokens after it would rarely be kept and each costs a draft step and a verify po
 the draft goes on depends only on what the drafter computed, never on the target, so the
 proposal is still a proper one and verification stays exact. A greedy copy is never unsure.
 
+Optionally (`siblings`, greedy and batch size 1) the round becomes a candidate tree: at every
+position the model ran for, its next-best guesses hang beside the drafted token as leaves
+(`specdraft.tree.chain_with_siblings`). They cost no extra draft forward, only verify positions,
+and where the chain misses the target often takes one of them.
+
 Batches (B > 1 rows of their own lengths, `specdraft.protocol`): the loop drafts every row at once,
 one model forward per step for all rows. What a row has not fed yet is the tail of a `RowFeed`:
 right aligned, so column -1 is every row's newest input and rows that feed fewer tokens are left
@@ -43,6 +48,7 @@ from torch import Tensor
 
 from specdraft.protocol import Draft, DraftContext
 from specdraft.sampling import draw, sample, warp
+from specdraft.tree import chain_with_siblings
 from specdraft.verify import leading_true
 from specdraft.vocab import PrunedVocab
 
@@ -100,6 +106,7 @@ def draft_autoregressively(
     vocab: PrunedVocab | None = None,
     copy: CopySource | Sequence[CopySource | None] | None = None,
     stop_below: float | None = None,
+    siblings: int = 0,
 ) -> Draft:
     """Draft up to num_tokens tokens one at a time and return them with their q.
 
@@ -109,7 +116,9 @@ def draft_autoregressively(
     q is always returned over the target's V ids (zeros outside the subset), so verification
     stays exact. copy: mixes copies of earlier context into q (module docstring), or None.
     stop_below: end the draft after a token whose probability is below it (module docstring);
-    None = always num_tokens.
+    None = always num_tokens. siblings: at greedy decoding of one row, add the model's next
+    `siblings` best tokens at each position it ran for as leaves (module docstring): the draft is
+    then a candidate tree of depth <= num_tokens (`Draft.parents`; q is not needed); 0 = a chain.
 
     Batches (ctx.batch_size > 1): feed is a `RowFeed` (or [B, n] tokens that are all real), copy
     one source per row (or None), and next_logits(tokens [B, n], counts) -> [B, M or V] the logits
@@ -117,7 +126,13 @@ def draft_autoregressively(
     last columns of each row are real (`RowFeed`); every row drafts num_tokens tokens, or with
     stop_below up to its own unsure token (`Draft.lengths`; the loop ends when every row has).
     """
-    if ctx.batch_size > 1 or isinstance(feed, RowFeed) or not (copy is None or isinstance(copy, CopySource)):
+    rows = ctx.batch_size > 1 or isinstance(feed, RowFeed) or not (copy is None or isinstance(copy, CopySource))
+    if siblings and (rows or not ctx.sampling.greedy):
+        raise ValueError(
+            f"siblings={siblings} needs greedy decoding of one row: a tree's candidates are verified as "
+            "one-hot drafts, which would lose the q ratio at temperature > 0; draft a chain (siblings=0) there."
+        )
+    if rows:
         return _draft_rows(next_logits, feed, num_tokens, ctx, vocab, copy, stop_below)
     # Greedy drafts are one-hot, so the mixture's argmax is the copy when w >= 0.5 (ties go to the
     # copy) and the draft's own token otherwise: below 0.5 a greedy draft never uses a copy.
@@ -125,8 +140,10 @@ def draft_autoregressively(
     lookup = copy if copy is not None and not (greedy and copy.weight < 0.5) else None
     tokens, probs = [], []
     drafted: list[int] = []
+    others: list[list[int]] = []  # per position: the model's next-best tokens (siblings > 0)
     for _ in range(num_tokens):
         copy_id = lookup.next_token(drafted) if lookup is not None else None
+        best: list[int] = []  # the model's top siblings + 1 tokens (target ids) where it ran
         if copy_id is not None and greedy:
             assert lookup is not None
             tok = feed.new_full((1,), copy_id)  # [1] the copy, whatever q says: q is not computed
@@ -135,6 +152,9 @@ def draft_autoregressively(
             sure = True
         else:
             logits = next_logits(feed)  # [1, M or V]
+            if siblings:
+                top = logits[0].topk(min(siblings + 1, logits.shape[-1])).indices  # [s + 1] columns
+                best = (vocab.to_target(top) if vocab is not None else top).tolist()
             q = warp(logits, ctx.sampling)  # [1, M or V]
             if copy_id is None:
                 tok = draw(q, ctx.sampling, ctx.generator)  # [1] index into the logits' columns
@@ -151,11 +171,17 @@ def draft_autoregressively(
             drafted.append(int(tok))
         tokens.append(tok)
         probs.append(q)
+        others.append([t for t in best if t != int(tok)][:siblings])
         if not sure:
             break
     if not tokens:
         return Draft(token_ids=ctx.token_ids.new_zeros((ctx.token_ids.shape[0], 0)))
-    return Draft(token_ids=torch.stack(tokens, dim=1), probs=torch.stack(probs, dim=1))  # [1, K], [1, K, V]
+    chain = torch.stack(tokens, dim=1)  # [1, K]
+    if any(others):
+        nodes, parents = chain_with_siblings(chain[0].tolist(), others)
+        return Draft(token_ids=torch.tensor([nodes], device=chain.device),  # [1, N] a candidate tree
+                     parents=torch.tensor([parents], device=chain.device))
+    return Draft(token_ids=chain, probs=torch.stack(probs, dim=1))  # [1, K], [1, K, V]
 
 
 def confidence(logits: Tensor, q: Tensor, tok: Tensor, greedy: bool) -> list[float]:

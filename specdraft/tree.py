@@ -85,6 +85,38 @@ def tree_depths(parents: Sequence[int]) -> list[int]:
     return depth
 
 
+def tree_depth(parents: Sequence[int]) -> int:
+    """The deepest node's depth (0 for no nodes): how many tokens the longest path can keep, the
+    tree's counterpart of a chain's K."""
+    return max(tree_depths(parents), default=0)
+
+
+def chain_with_siblings(chain: Sequence[int], alternatives: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:
+    """A candidate tree from a drafted chain and other candidates for its positions: (node tokens,
+    parents), parent-first.
+
+    chain: the K drafted tokens; alternatives[d]: other tokens for the chain's position d (best
+    first, none equal to chain[d]; empty where there are none). The chain's token at depth d is
+    the child of its token at depth d - 1 (-1 = the root) and comes first among its siblings (tried
+    first at temperature > 0); the alternatives are leaves beside it. A draft model runs once per
+    chain position, and its next-best guesses there cost nothing more: a round whose chain misses
+    at depth d still keeps a token at d when the target's choice is one of them.
+    """
+    if len(chain) != len(alternatives):
+        raise ValueError(f"need one list of alternatives per chain token, got {len(alternatives)} for {len(chain)}.")
+    tokens: list[int] = []
+    parents: list[int] = []
+    parent = -1  # the chain node the next depth hangs from
+    for tok, alts in zip(chain, alternatives):
+        if tok in alts:
+            raise ValueError(f"alternative {tok} repeats the chain's own token at depth {len(parents)}.")
+        node = len(tokens)
+        tokens += [int(tok), *map(int, alts)]
+        parents += [parent] * (1 + len(alts))
+        parent = node
+    return tokens, parents
+
+
 # ------------------------------------------------------------------------------- verification
 def tree_attention(
     parents: Sequence[int], past_len: int, dtype: torch.dtype, device: torch.device | str = "cpu"

@@ -3,6 +3,7 @@ drafting loop's greedy copies that skip the model."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from specdraft.draft_loop import CopySource, draft_autoregressively, mix_in_copy
@@ -241,3 +242,26 @@ def test_batch_rows_end_their_drafts_on_their_own() -> None:
     logits, calls = scripted_logits([[sure, unsure], [unsure, sure], [sure, sure]])
     draft = draft_autoregressively(logits, torch.tensor([[0], [1]]), 3, ctx, stop_below=0.5)
     assert draft.num_tokens == 2 and draft.lengths.tolist() == [2, 1] and len(calls) == 2
+
+
+def test_siblings_make_a_tree_of_the_models_runner_up_tokens() -> None:
+    """Greedy, siblings=1: every position the model ran for gets its next-best token as a leaf beside the
+    drafted one (no extra model call); a greedy copy has none; at temperature > 0 it is a clear error."""
+    steps = [[[0.1, 0.6, 0.3, 0.0]], [[0.5, 0.1, 0.0, 0.4]]]
+    greedy = SamplingConfig()
+    ctx = DraftContext(torch.tensor([[0]]), None, greedy, greedy.make_generator())
+    logits, calls = scripted_logits(steps)
+    draft = draft_autoregressively(logits, torch.tensor([[0]]), 2, ctx, siblings=1)
+    assert draft.token_ids[0].tolist() == [1, 2, 0, 3] and draft.parents[0].tolist() == [-1, -1, 0, 0]
+    assert len(calls) == 2
+    logits, _ = scripted_logits(steps)
+    chain = draft_autoregressively(logits, torch.tensor([[0]]), 2, ctx)
+    assert chain.parents is None and chain.token_ids[0].tolist() == [1, 0]
+    copy = CopySource(lambda drafted: 3 if not drafted else None, 0.9, 4)  # position 1 is a greedy copy
+    logits, calls = scripted_logits([[[0.5, 0.1, 0.0, 0.4]]])
+    draft = draft_autoregressively(logits, torch.tensor([[0]]), 2, ctx, copy=copy, siblings=2)
+    assert draft.token_ids[0].tolist() == [3, 0, 3, 1] and draft.parents[0].tolist() == [-1, 0, 0, 0]
+    sampled = SamplingConfig(temperature=1.0)
+    ctx = DraftContext(torch.tensor([[0]]), None, sampled, sampled.make_generator())
+    with pytest.raises(ValueError, match="siblings=1 needs greedy"):
+        draft_autoregressively(scripted_logits(steps)[0], torch.tensor([[0]]), 2, ctx, siblings=1)

@@ -48,6 +48,38 @@ def test_greedy_matches_plain_greedy(tiny_target: TargetModel, k: int, vocab: st
     assert out.token_ids[0].tolist() == plain_greedy(tiny_target, PROMPT, 40)
 
 
+@pytest.mark.parametrize("copy", [None, 2], ids=["draft", "copying"])
+@pytest.mark.parametrize("vocab", [None, "subset"])
+def test_siblings_keep_greedy_exact_and_keep_more_tokens(tiny_target: TargetModel, copy: int | None,
+                                                         vocab: str | None) -> None:
+    """siblings=2: rounds are trees (as deep as the K asked for, up to 3 nodes per depth), greedy output is
+    plain greedy's, and the runner-up tokens keep more draft tokens than the chain alone; the stats
+    count a tree's depth as drafted. At temperature > 0 and in a batch the draft stays a chain."""
+    prompt = PROMPT * 3
+    kept = []
+    for siblings in (0, 2):
+        drafter = DraftModelDrafter(tiny_draft(), pruned_vocab=subset() if vocab else None, copy_ngram=copy,
+                                    siblings=siblings)
+        dec = SpeculativeDecoder(tiny_target, drafter, 3)
+        out = dec.generate(prompt, max_new_tokens=40, stop_token_ids=[])
+        assert out.token_ids[0].tolist() == plain_greedy(tiny_target, prompt, 40)
+        assert max(out.stats.drafted_per_round) <= 3
+        kept.append(out.stats.accepted / out.stats.rounds)
+        if siblings:
+            fresh = [5, 9, 13, 2]  # no repeats: the model drafts (a copy round would be a chain)
+            drafter.reset()
+            tree = drafter.propose(ctx_of(fresh), 3)
+            assert tree.parents is not None and 3 < tree.num_tokens <= 9
+            drafter.reset()
+            assert drafter.propose(ctx_of(fresh, SamplingConfig(temperature=1.0)), 3).parents is None
+            drafter.reset()
+            rows = DraftContext(torch.tensor([fresh, fresh]), None, SamplingConfig(), SamplingConfig().make_generator())
+            assert drafter.propose(rows, 3).parents is None
+    assert kept[1] > kept[0]
+    with pytest.raises(ValueError, match="siblings must be an integer"):
+        DraftModelDrafter(tiny_draft(), siblings=-1)
+
+
 def test_greedy_draft_equal_to_target_accepts_everything(tiny_target: TargetModel) -> None:
     dec = SpeculativeDecoder(tiny_target, DraftModelDrafter(tiny_target.model, pruned_vocab=None, copy_ngram=None), 4)
     out = dec.generate(PROMPT, max_new_tokens=20, stop_token_ids=[])

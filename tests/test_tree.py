@@ -25,9 +25,11 @@ from specdraft.shipped import ARTIFACTS_DIR
 from specdraft.target import TargetModel
 from specdraft.tree import (
     accepted_positions,
+    chain_with_siblings,
     greedy_verify_tree,
     sample_verify_tree,
     tree_attention,
+    tree_depth,
     tree_depths,
     tree_forward,
     tree_parents,
@@ -186,3 +188,22 @@ def test_joint_label_ranks_capture_correlated_heads() -> None:
     assert expected_accepted(chain, acc, ranks) == pytest.approx(1.5)
     assert expected_accepted(chain, acc) == pytest.approx(0.5 + 0.25 + 0.125)
     assert grow_tree(acc, 3, ranks) == chain
+
+
+def test_chain_with_siblings_hangs_alternatives_beside_each_chain_token() -> None:
+    """Chain 5, 6, 7 with alternatives [8, 9], [], [4]: the chain nodes form the spine (each first among
+    its siblings), the alternatives are leaves with the chain token's parent; the tree is as deep as
+    the chain and the greedy verifier keeps a leaf where the chain misses."""
+    tokens, parents = chain_with_siblings([5, 6, 7], [[8, 9], [], [4]])
+    assert tokens == [5, 8, 9, 6, 7, 4]
+    assert parents == [-1, -1, -1, 0, 3, 3]
+    assert all(par < i for i, par in enumerate(parents))  # parent-first, as every tree here
+    assert tree_depths(parents) == [1, 1, 1, 2, 3, 3] and tree_depth(parents) == 3 and tree_depth([]) == 0
+    logits = torch.full((1, 7, 10), -5.0)  # [1, root + 6 nodes, V]: row i + 1 = after node i
+    logits[0, 0, 5] = logits[0, 1, 6] = logits[0, 4, 4] = logits[0, 6, 1] = 0.0  # the target: 5, 6, 4, then 1
+    verdict = greedy_verify_tree(torch.tensor([tokens]), torch.tensor([parents]), logits)
+    assert verdict.path == [0, 3, 5] and verdict.next_token == 1  # 5, 6, then the leaf 4 where the chain drafted 7
+    with pytest.raises(ValueError, match="repeats the chain"):
+        chain_with_siblings([5], [[5]])
+    with pytest.raises(ValueError, match="one list of alternatives"):
+        chain_with_siblings([5, 6], [[1]])
