@@ -136,7 +136,8 @@ class Drafter(Protocol):
         ...
 
     def propose(self, ctx: DraftContext, num_tokens: int) -> Draft:
-        """Propose up to `num_tokens` tokens continuing ctx.token_ids."""
+        """Propose up to `num_tokens` tokens continuing ctx.token_ids: a chain, or a candidate tree at
+        most `num_tokens` deep (its nodes are the drafter's to size; the K policy counts its depth)."""
         ...
 
     def commit(self, ctx: DraftContext, num_accepted: Sequence[int]) -> None:
