@@ -354,14 +354,16 @@ def test_no_argument_drafter_is_the_yaml_drafter() -> None:
 
 
 @pytest.mark.slow
-def test_shipped_draft_greedy_exact_on_default_target(default_target: TargetModel) -> None:
-    """As configured by default: the draft plus copying (the draft alone is the same path without copies)."""
+@pytest.mark.parametrize("siblings", [0, 1], ids=["chain", "siblings"])
+def test_shipped_draft_greedy_exact_on_default_target(default_target: TargetModel, siblings: int) -> None:
+    """As configured by default: the draft plus copying (the draft alone is the same path without
+    copies); and with its runner-up tokens as tree leaves."""
     tok = default_target.tokenizer
     prompt = tok.apply_chat_template(
         [{"role": "user", "content": "What is a Python list comprehension?"}], add_generation_prompt=True
     )
     prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
-    dec = SpeculativeDecoder(default_target, DraftModelDrafter(), 4)
+    dec = SpeculativeDecoder(default_target, DraftModelDrafter(siblings=siblings), 4)
     out = dec.generate(prompt, max_new_tokens=32, stop_token_ids=[])
     assert out.token_ids[0].tolist() == plain_greedy(default_target, prompt, 32)
     assert out.stats.acceptance_rate > 0.1  # a trained draft; an untrained one accepts ~0.0
