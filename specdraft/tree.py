@@ -107,9 +107,9 @@ def chain_with_siblings(chain: Sequence[int], alternatives: Sequence[Sequence[in
     tokens: list[int] = []
     parents: list[int] = []
     parent = -1  # the chain node the next depth hangs from
-    for tok, alts in zip(chain, alternatives):
+    for depth, (tok, alts) in enumerate(zip(chain, alternatives), start=1):
         if tok in alts:
-            raise ValueError(f"alternative {tok} repeats the chain's own token at depth {len(parents)}.")
+            raise ValueError(f"alternative {tok} repeats the chain's own token at depth {depth}.")
         node = len(tokens)
         tokens += [int(tok), *map(int, alts)]
         parents += [parent] * (1 + len(alts))

@@ -116,7 +116,7 @@ def test_draft_cost_is_seconds_per_token_over_one_target_step() -> None:
     got = costs.draft_cost_ratios([3, 3, 3, 0], [0.5, 0.006, 0.006, 0.002], [0.026, 0.026, 0.026, 0.02], curve)
     assert got[0] is None and got[1:] == pytest.approx([0.1, 0.1, 0.1])
     assert costs.draft_cost_ratios([3, 3], [0.5, 0.006], [0.026, 0.0], curve) == [None, None]  # no timed verify
-    # a tree of depth 3 scored 3 nodes... here 2 draft steps whose verify scored 3 nodes: T_v(0) = 26 ms / 1.3
+    # a tree round: 2 draft steps (its depth) in 4 ms, its verify scored 3 nodes in 26 ms (T_v(0) = 20 ms): 0.1 per step
     assert costs.draft_cost_ratios([3, 2], [0.5, 0.004], [0.026, 0.026], curve, [3, 3])[1] == pytest.approx(0.1)
     assert costs.is_draft_cost([0.1]) and costs.is_draft_cost([0.1, 0.0], 2)
     assert not any(costs.is_draft_cost(v) for v in ([-1.0], None, 0.1, [0.1, 0.2], [True]))
