@@ -304,10 +304,9 @@ class SpeculativeDecoder:
             sources = self._row_sources(ctx)  # each row's draft source, None = the drafter has one
             k_max = policy.choose(max(max_new_tokens - generated[i] for i in live) - 1, batch_size=b, sources=sources)
             delivered = delivered or (self.drafter is not None and k_max > 0)  # propose sees ctx's features
-            draft = self._propose(ctx, k_max, device)
+            draft, depth = self._propose(ctx, k_max, device)  # depth: draft steps, what K sizes
             t1 = time.perf_counter()
             k = draft.num_tokens  # the positions the target scores (a tree's nodes)
-            depth = k if draft.parents is None else tree_depth(draft.parents[0].tolist())  # draft steps: what K sizes
             inputs = torch.cat([ctx.token_ids[:, -1:], draft.token_ids], dim=1)  # [b, K+1]
             if draft.parents is not None:  # a candidate tree (batch size 1): one forward with the tree mask
                 out = tree_score(self.target, inputs, draft, layers)
@@ -475,21 +474,22 @@ class SpeculativeDecoder:
             )
         return sources
 
-    def _propose(self, ctx: DraftContext, k_max: int, device: torch.device) -> Draft:
+    def _propose(self, ctx: DraftContext, k_max: int, device: torch.device) -> tuple[Draft, int]:
+        """The drafter's proposal, checked and on `device`, and its depth (a chain's K, a tree's depth)."""
         b = ctx.batch_size
         if self.drafter is None or k_max <= 0:
-            return Draft(token_ids=torch.empty((b, 0), dtype=torch.long, device=device))
+            return Draft(token_ids=torch.empty((b, 0), dtype=torch.long, device=device)), 0
         draft = self.drafter.propose(ctx, k_max)
         name = type(self.drafter).__name__
-        size = draft.num_tokens if draft.parents is None else tree_depth(draft.parents[0].tolist())
-        if size > k_max or draft.token_ids.shape[0] != b:
+        depth = draft.num_tokens if draft.parents is None else tree_depth(draft.parents[0].tolist())
+        if depth > k_max or draft.token_ids.shape[0] != b:
             raise ValueError(
-                f"{name}.propose returned a draft of shape {tuple(draft.token_ids.shape)} (depth {size}) but "
+                f"{name}.propose returned a draft of shape {tuple(draft.token_ids.shape)} (depth {depth}) but "
                 f"[{b}, <= {k_max}] was asked for; a drafter returns one row per sequence and at most "
                 "num_tokens tokens (a tree: at most num_tokens deep)."
             )
         if draft.parents is not None and b > 1:
-            raise ValueError(f"{name} proposed a candidate tree for {b} rows; trees verify at batch size 1 only.")
+            raise ValueError(f"{name} proposed a candidate tree for {b} rows; trees verify at batch depth 1 only.")
         lengths = None
         if draft.lengths is not None:
             lengths = draft.lengths.to(device)
@@ -499,7 +499,7 @@ class SpeculativeDecoder:
             if bool((lengths == draft.num_tokens).all()):
                 lengths = None  # every row is whole: no padding to mask
         parents = None if draft.parents is None else draft.parents.to(device)  # a tree (Medusa)
-        return Draft(token_ids=draft.token_ids.to(device), probs=draft.probs, parents=parents, lengths=lengths)
+        return Draft(token_ids=draft.token_ids.to(device), probs=draft.probs, parents=parents, lengths=lengths), depth
 
     def _verify(
         self, draft: Draft, logits: Tensor, sampling: SamplingConfig, gen: torch.Generator

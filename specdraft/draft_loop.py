@@ -140,7 +140,7 @@ def draft_autoregressively(
     lookup = copy if copy is not None and not (greedy and copy.weight < 0.5) else None
     tokens, probs = [], []
     drafted: list[int] = []
-    others: list[list[int]] = []  # per position: the model's next-best tokens (siblings > 0)
+    others: list[list[int]] = []  # per position: the model's next-best tokens (only with siblings > 0)
     for _ in range(num_tokens):
         copy_id = lookup.next_token(drafted) if lookup is not None else None
         best: list[int] = []  # the model's top siblings + 1 tokens (target ids) where it ran
@@ -171,7 +171,8 @@ def draft_autoregressively(
             drafted.append(int(tok))
         tokens.append(tok)
         probs.append(q)
-        others.append([t for t in best if t != int(tok)][:siblings])
+        if siblings:
+            others.append([t for t in best if t != int(tok)][:siblings])
         if not sure:
             break
     if not tokens:
