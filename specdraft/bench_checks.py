@@ -92,12 +92,14 @@ def setting_problems(
         problems.append(f"unknown peer(s) {', '.join(map(repr, unknown_peers))} in bench.peers; "
                         f"choose from {', '.join(known_peers)}.")
     problems += llamacpp_problems(cfg, [p for p in names(bench.peers) if p in llamacpp_peers])
+    labels = []
     for name in names(bench.drafters):
         try:
             drafter_config(name)
         except ValueError as err:
             problems.append(f"bench.drafters: {err}")
-    labels = [drafter_label(n) for n in names(bench.drafters)]
+        else:
+            labels.append(drafter_label(name))
     if len(set(labels)) < len(labels):
         problems.append(f"bench.drafters names a drafter twice ({', '.join(names(bench.drafters))}); a config file "
                         "goes by its file name in the results, so give every entry its own name.")

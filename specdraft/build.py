@@ -62,20 +62,58 @@ def config_hash(cfg: DictConfig | dict | None) -> str:
     return hashlib.sha1(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def drafter_config(name: str) -> DictConfig:
-    """The packaged `conf/drafter/<name>.yaml`, or a drafter config file of your own when `name` is a
-    path ending in .yaml (e.g. the shipped draft's config pointing at a draft you trained), so several
-    drafters, or variants of one, are compared in one run."""
-    if is_config_file(name):
-        own = Path(name).expanduser()
-        if not own.is_file():
-            raise ValueError(f"drafter config file {name!r} does not exist; give the path of a YAML file "
-                             "written like conf/drafter/<name>.yaml (a _target_ and its settings).")
-        loaded = OmegaConf.create(own.read_text())
-        if not isinstance(loaded, DictConfig) or "_target_" not in loaded:
-            raise ValueError(f"drafter config file {name!r} has no _target_; copy one of conf/drafter/*.yaml "
-                             "and change its settings.")
-        return loaded
+_MISSING = object()  # OmegaConf.select's answer for a setting the config does not have
+
+
+def drafter_config(entry: str) -> DictConfig:
+    """The drafter config a `bench.drafters` entry names: the packaged `conf/drafter/<name>.yaml`, or
+    a drafter config file of your own when the name is a path ending in .yaml (e.g. the shipped
+    draft's config pointing at a draft you trained), optionally followed by settings that replace the
+    config's own, space-separated: "draft_model siblings=1 copy_ngram=null". So several drafters, or
+    variants of one, are compared in one run without a config file per variant."""
+    name, overrides = split_drafter_entry(entry)
+    base = _config_file(name) if is_config_file(name) else _packaged_config(name)
+    bad = [k for k in overrides if k == "_target_" or OmegaConf.select(base, k, default=_MISSING) is _MISSING]
+    if bad:
+        settings = sorted(k for k in base if k != "_target_")
+        raise ValueError(f"drafter {name!r} has no setting {bad[0]!r} to change in {entry!r}; its settings are "
+                         f"{settings}.")
+    merged = OmegaConf.merge(base, OmegaConf.from_dotlist([f"{k}={v}" for k, v in overrides.items()]))
+    assert isinstance(merged, DictConfig)
+    return merged
+
+
+def split_drafter_entry(entry: str) -> tuple[str, dict[str, str]]:
+    """A `bench.drafters` entry as (config name or file, {setting: value as written})."""
+    parts = str(entry).split()
+    if not parts:
+        raise ValueError("a bench.drafters entry is empty; name a drafter config, e.g. draft_model.")
+    name, settings = parts[0], parts[1:]
+    overrides: dict[str, str] = {}
+    for setting in settings:
+        key, sep, value = setting.partition("=")
+        if not sep or not key or not value:
+            raise ValueError(f"{setting!r} in the bench.drafters entry {entry!r} is not key=value; write e.g. "
+                             "\"draft_model siblings=1\" (null, true, numbers and text as in YAML).")
+        if key in overrides:
+            raise ValueError(f"the bench.drafters entry {entry!r} sets {key!r} twice; set it once.")
+        overrides[key] = value
+    return name, overrides
+
+
+def _config_file(name: str) -> DictConfig:
+    own = Path(name).expanduser()
+    if not own.is_file():
+        raise ValueError(f"drafter config file {name!r} does not exist; give the path of a YAML file "
+                         "written like conf/drafter/<name>.yaml (a _target_ and its settings).")
+    loaded = OmegaConf.create(own.read_text())
+    if not isinstance(loaded, DictConfig) or "_target_" not in loaded:
+        raise ValueError(f"drafter config file {name!r} has no _target_; copy one of conf/drafter/*.yaml "
+                         "and change its settings.")
+    return loaded
+
+
+def _packaged_config(name: str) -> DictConfig:
     path = resources.files("conf").joinpath("drafter", f"{name}.yaml")
     if not path.is_file():
         known = sorted(p.name[:-5] for p in resources.files("conf").joinpath("drafter").iterdir() if p.name.endswith(".yaml"))
@@ -90,9 +128,12 @@ def is_config_file(name: str) -> bool:
     return name.endswith((".yaml", ".yml"))
 
 
-def drafter_label(name: str) -> str:
-    """The name a `bench.drafters` entry goes by in results: the config's name, or its file's stem."""
-    return Path(name).stem if is_config_file(name) else name
+def drafter_label(entry: str) -> str:
+    """The name a `bench.drafters` entry goes by in results: the config's name (a file's stem),
+    followed by the settings it changes as written: "draft_model siblings=1"."""
+    name, overrides = split_drafter_entry(entry)
+    stem = Path(name).stem if is_config_file(name) else name
+    return " ".join([stem, *(f"{k}={v}" for k, v in overrides.items())])
 
 
 def prompt_text(prompt: Any, prompt_file: str | None = None) -> str:

@@ -417,16 +417,18 @@ def test_a_remembering_drafter_learns_each_prompt_once_after_its_timed_runs(hydr
 
 def test_a_drafter_config_file_of_your_own_runs_beside_the_packaged_one(hydra_conf: None, tmp_path: Path) -> None:
     """bench.drafters takes the path of a YAML drafter config too (a variant of a shipped drafter, e.g.
-    pointing at a draft you trained): it runs beside the packaged config and goes by its file name."""
+    pointing at a draft you trained): it runs beside the packaged config and goes by its file name.
+    An entry may change settings after the name ("ngram max_ngram=4"): it goes by the whole entry."""
     own = tmp_path / "ngram_wide.yaml"
     own.write_text("_target_: drafters.ngram.NGramDrafter\nmax_ngram: 4\nmin_ngram: 1\n")
     suite = write_suite(tmp_path / "s.jsonl", [5, 5])
     cfg = compose("bench", overrides=[
         "target=tiny_random", "suite=file", f"suite.path={suite}", "max_new_tokens=6", "num_draft_tokens=2",
-        f"bench.drafters=[ngram,{own}]", "bench.peers=[]", "bench.repetitions=1", "bench.warmup=0",
-        "bench.plots=false", "bench.progress=false", "bench.bandwidth_bytes=0"])
+        f"bench.drafters=[ngram,{own},'ngram max_ngram=2 min_ngram=2']", "bench.peers=[]", "bench.repetitions=1",
+        "bench.warmup=0", "bench.plots=false", "bench.progress=false", "bench.bandwidth_bytes=0"])
     result = bench.run_bench(cfg, tmp_path / "out")
-    assert {r["method"] for r in result["records"]} == {"autoregressive", "ngram", "ngram_wide"}
+    assert {r["method"] for r in result["records"]} == {"autoregressive", "ngram", "ngram_wide",
+                                                         "ngram max_ngram=2 min_ngram=2"}
     assert all(r["greedy_match"] is True for r in result["records"])
 
     (tmp_path / "sub").mkdir()
@@ -436,7 +438,11 @@ def test_a_drafter_config_file_of_your_own_runs_beside_the_packaged_one(hydra_co
     empty.write_text("max_ngram: 4\n")
     for drafters, sentence in ((f"[{own},{twin}]", "names a drafter twice"),
                                (f"[{tmp_path / 'none.yaml'}]", "does not exist"),
-                               (f"[{empty}]", "has no _target_")):
+                               (f"[{empty}]", "has no _target_"),
+                               ("['ngram max_ngrams=2']", "has no setting 'max_ngrams'"),
+                               ("['ngram max_ngram']", "is not key=value"),
+                               ("['ngram max_ngram=2 max_ngram=3']", "sets 'max_ngram' twice"),
+                               ("[ngram,'ngram ']", "names a drafter twice")):
         bad = compose("bench", overrides=["target=tiny_random", "suite=file", f"suite.path={suite}",
                                           f"bench.drafters={drafters}"])
         with pytest.raises(ValueError, match=sentence):

@@ -60,3 +60,17 @@ def test_tiny_target_and_ngram_bind() -> None:
     drafter = make_drafter(cfg.drafter)
     drafter.bind(target)
     assert target.vocab_size == 32
+
+
+def test_a_drafter_entry_changes_settings_typed_as_in_yaml() -> None:
+    """"draft_model siblings=1 copy_ngram=null": the packaged config with those settings (YAML types),
+    labelled by the whole entry; nothing else changes."""
+    from specdraft.build import drafter_config, drafter_label
+
+    base = drafter_config("draft_model")
+    cfg = drafter_config("draft_model  siblings=1 copy_ngram=null")
+    assert cfg.siblings == 1 and cfg.copy_ngram is None
+    assert {k: v for k, v in cfg.items() if k not in ("siblings", "copy_ngram")} == \
+        {k: v for k, v in base.items() if k not in ("siblings", "copy_ngram")}
+    assert drafter_label("draft_model  siblings=1 copy_ngram=null") == "draft_model siblings=1 copy_ngram=null"
+    assert drafter_label("conf/x/ngram_wide.yaml max_ngram=4") == "ngram_wide max_ngram=4"
