@@ -23,7 +23,7 @@ that is where most of its fixable misses are (benchmarks/RESULTS.md).
     DraftModelDrafter(model="HuggingFaceTB/SmolLM2-135M-Instruct", pruned_vocab=None)
     DraftModelDrafter(model=my_module)                  # any in-memory HF causal LM
     DraftModelDrafter(copy_ngram=None)                  # the draft alone, no copying
-    DraftModelDrafter(siblings=1)                       # greedy: a tree, the runner-up beside every token
+    DraftModelDrafter(siblings=0)                       # greedy: a chain, without the runner-up tokens beside it
 
 Batches (`generate_batch`): every row keeps its own prefix of the draft's cache (the cache's rows
 are ragged, `specdraft.draft_loop.DraftCache`) and its own copy index; one draft forward per step
@@ -43,6 +43,7 @@ from transformers import PreTrainedModel
 
 from drafters.copy_first import CopyFirst
 from drafters.ngram import NGramIndex
+from specdraft import costs
 from specdraft.draft_loop import CopySource, DraftCache, draft_autoregressively
 from specdraft.linear_formats import PackedLinear
 from specdraft.formats.draft import is_draft_artifact, load_draft_artifact
@@ -53,6 +54,7 @@ from specdraft.target import TargetModel
 from specdraft.vocab import AUTO, PrunedVocab, resolve_pruned_vocab
 
 SHIPPED_DRAFT = "smollm2-135m/draft"  # the default `model`: the distilled draft shipped for smollm2-135m
+MAX_TREE_NODES = 32  # with siblings: the verify-cost curve is read this far (chain + siblings)
 
 
 def load_draft(
@@ -109,16 +111,17 @@ class DraftModelDrafter:
     confidence_threshold: end a round's draft after a token whose draft probability is below it
         (transformers' `assistant_confidence_threshold`; `specdraft.draft_loop`); None = always
         draft the K asked for.
-    siblings: greedy decoding of one sequence: at each drafted position also propose the draft's
+    siblings: greedy decoding of one sequence: at each drafted position also consider the draft's
         next `siblings` best tokens, as leaves of a candidate tree verified in the same forward
-        (`specdraft.tree.chain_with_siblings`; no extra draft forward, more verify positions);
-        0 = a chain. At temperature > 0 and in batches the draft is a chain.
+        (`specdraft.tree.chain_with_siblings`; no extra draft forward, more verify positions),
+        keeping those the target's verify-cost curve pays for (`specdraft.draft_loop`); 0 = a
+        chain. At temperature > 0 and in batches the draft is a chain.
     """
 
     needs_target_hidden: ClassVar[bool] = False
     feature_layers: tuple[int, ...] = ()
     hf_counterpart: ClassVar[str | None] = "hf_assisted"  # HF assisted generation with the same draft
-    verify_curve_tokens: ClassVar[int] = 0
+    verify_curve_tokens: int = MAX_TREE_NODES  # 0 without siblings
     sizes_own_drafts: ClassVar[bool] = False
     batched: ClassVar[bool] = True
 
@@ -133,7 +136,7 @@ class DraftModelDrafter:
         copy_weight: float = 0.9,
         copy_first: bool = True,
         confidence_threshold: float | None = None,
-        siblings: int = 0,
+        siblings: int = 1,
     ) -> None:
         if copy_ngram is not None and not 1 <= copy_ngram <= copy_max_ngram:
             raise ValueError(
@@ -148,6 +151,7 @@ class DraftModelDrafter:
             raise ValueError(f"siblings must be an integer >= 0 (0 = draft a chain), got {siblings!r}.")
         self.confidence_threshold = confidence_threshold
         self.siblings = siblings
+        self.verify_curve_tokens = MAX_TREE_NODES if siblings else 0
         self.copy_ngram = copy_ngram
         self.copy_max_ngram = copy_max_ngram
         self.copy_weight = copy_weight
@@ -164,6 +168,7 @@ class DraftModelDrafter:
         self._head: Tensor | None = None  # [M or V, H]
         self._cache: DraftCache | None = None  # the draft's own layers + KV cache, synced to the context
         self._head_linear: PackedLinear | None = None
+        self._target: TargetModel | None = None  # whose verify-cost curve weighs siblings
 
     def hf_peer_kwargs(self) -> dict[str, PreTrainedModel]:
         """The arguments of the `hf_counterpart` "hf_assisted" (`specdraft.bench.HFCounterpart`):
@@ -196,6 +201,7 @@ class DraftModelDrafter:
         self._head = vocab.head(weight) if vocab is not None else weight.detach()  # [M or V, H]
         self._cache = DraftCache(TargetModel(self.model, fast=self.fast))  # same fast path as the target
         self._head_linear = PackedLinear(self._head, None)
+        self._target = target
         self.reset()
 
     def _check_token_texts(self, draft_tok: object | None, target_tok: object | None, n: int = 64) -> None:
@@ -257,8 +263,9 @@ class DraftModelDrafter:
         if ctx.batch_size == 1:
             feed = self._cache.feed(ctx.token_ids)  # [1, n >= 1] not yet in the draft cache
             siblings = self.siblings if ctx.sampling.greedy else 0  # a tree of one-hot candidates: greedy only
+            curve = costs.verify_curve(self._target, MAX_TREE_NODES) if siblings and self._target is not None else None
             return draft_autoregressively(self._next_logits, feed, num_tokens, ctx, self.vocab,
-                                          self._copy_source(ctx.token_ids), self.confidence_threshold, siblings)
+                                          self._copy_source(ctx.token_ids), self.confidence_threshold, siblings, curve)
         rows = self._cache.feed(ctx)  # every row's tokens not yet in the draft cache (>= 1 each)
         return draft_autoregressively(self._next_logits, rows, num_tokens, ctx, self.vocab, self._copy_sources(ctx),
                                       self.confidence_threshold)

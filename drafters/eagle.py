@@ -71,7 +71,7 @@ class EagleDrafter:
 
     needs_target_hidden: ClassVar[bool] = False
     hf_counterpart: ClassVar[str | None] = None
-    verify_curve_tokens: ClassVar[int] = MAX_TREE_NODES  # tree="auto" reads the curve this far
+    verify_curve_tokens: int = MAX_TREE_NODES  # tree="auto" reads the curve this far
     sizes_own_drafts: ClassVar[bool] = False
     batched: ClassVar[bool] = False
 

@@ -115,7 +115,7 @@ class EarlyExitDrafter:
     needs_target_hidden: ClassVar[bool] = True  # read by context adapters (a slice of the verify output)
     feature_layers: tuple[int, ...] = ()
     hf_counterpart: ClassVar[str | None] = "hf_early_exit"  # transformers' assistant_early_exit
-    verify_curve_tokens: ClassVar[int] = 0
+    verify_curve_tokens: int = 0
     sizes_own_drafts: ClassVar[bool] = False
     batched: ClassVar[bool] = False  # the shared prefix cache is one sequence's (module docstring)
 

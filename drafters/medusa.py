@@ -91,7 +91,7 @@ class MedusaDrafter:
     needs_target_hidden: ClassVar[bool] = True
     feature_layers: tuple[int, ...] = ()
     hf_counterpart: ClassVar[str | None] = None
-    verify_curve_tokens: ClassVar[int] = MAX_TREE_NODES  # tree="auto" is sized on the curve
+    verify_curve_tokens: int = MAX_TREE_NODES  # tree="auto" is sized on the curve
     sizes_own_drafts: ClassVar[bool] = False
     batched: ClassVar[bool] = True
 

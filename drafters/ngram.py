@@ -104,7 +104,7 @@ class NGramDrafter:
     feature_layers: tuple[int, ...] = ()
     draft_sources: tuple[str, ...] = ()
     hf_counterpart: ClassVar[str | None] = "hf_prompt_lookup"
-    verify_curve_tokens: ClassVar[int] = 0
+    verify_curve_tokens: int = 0
     sizes_own_drafts: ClassVar[bool] = False
     batched: ClassVar[bool] = True
 

@@ -182,7 +182,7 @@ class QuantizedDrafter:
     feature_layers: tuple[int, ...] = ()
     draft_sources: tuple[str, ...] = ()
     hf_counterpart: ClassVar[str | None] = None  # Hugging Face generation has no quantized-copy mode
-    verify_curve_tokens: ClassVar[int] = 0
+    verify_curve_tokens: int = 0
     sizes_own_drafts: ClassVar[bool] = False
     batched: ClassVar[bool] = True
 

@@ -81,7 +81,7 @@ class SuffixDrafter:
     feature_layers: tuple[int, ...] = ()
     draft_sources: tuple[str, ...] = ()
     hf_counterpart: ClassVar[str | None] = None
-    verify_curve_tokens: ClassVar[int] = MAX_NODES
+    verify_curve_tokens: int = MAX_NODES
     sizes_own_drafts: ClassVar[bool] = True  # every round's node count is chosen on the verify curve
     batched: ClassVar[bool] = True
 

@@ -586,7 +586,7 @@ def run_bench(cfg: DictConfig, out_dir: Path, plan: BenchPlan | None = None) -> 
         plan.prompts, target.tokenizer, target.max_context, int(cfg.max_new_tokens)))
     methods = build_methods(cfg, target)
     curve_tokens = max([int(cfg.max_draft_tokens)]
-                       + [type(m.decoder.drafter).verify_curve_tokens for m in methods if m.decoder and m.decoder.drafter])
+                       + [m.decoder.drafter.verify_curve_tokens for m in methods if m.decoder and m.decoder.drafter])
     for tgt in {id(m.decoder.target): m.decoder.target for m in methods if m.decoder}.values():
         costs.verify_curve(tgt, curve_tokens)  # the one verify-cost model, measured before any timing
     sampling = methods[0].decoder.sampling  # type: ignore[union-attr]

@@ -198,15 +198,19 @@ def is_draft_cost(value: Any, num_sources: int = 1) -> bool:
     )
 
 
-def nodes_worth_verifying(probs: Sequence[float], curve: Sequence[float]) -> int:
+def nodes_worth_verifying(probs: Sequence[float], curve: Sequence[float], fixed: Sequence[float] = ()) -> int:
     """How many of the best-first draft candidates with acceptance probabilities `probs` maximise
     expected tokens per verify time: (1 + sum of the first n probs) / curve[n], with curve[n] =
     T_v(n) / T_v(0) (0 = a plain target step is better than any guess). Suffix decoding and EAGLE-2
-    trees size their drafts with it."""
-    best_n, best_rate, gain = 0, 1.0 / curve[0], 1.0
-    for n in range(1, min(len(probs), len(curve) - 1) + 1):
+    trees size their drafts with it. fixed: the probabilities of candidates verified in any case
+    (a drafted chain, whose siblings are the optional candidates): counted first, n more at
+    curve[len(fixed) + n]."""
+    base = len(fixed)
+    gain = 1.0 + sum(fixed)
+    best_n, best_rate = 0, gain / max(curve[min(base, len(curve) - 1)], curve[0])
+    for n in range(1, min(len(probs), len(curve) - 1 - base) + 1):
         gain += probs[n - 1]
-        rate = gain / max(curve[n], curve[0])
+        rate = gain / max(curve[base + n], curve[0])
         if rate > best_rate:
             best_n, best_rate = n, rate
     return best_n

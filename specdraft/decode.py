@@ -399,7 +399,7 @@ class SpeculativeDecoder:
         where measuring would clear the KV cache."""
         if self.drafter is None:
             return
-        need = type(self.drafter).verify_curve_tokens
+        need = self.drafter.verify_curve_tokens
         if self.num_draft_tokens == "auto" and self.verify_curve is None:
             need = max(need, self.max_draft_tokens)
         if need > 0:

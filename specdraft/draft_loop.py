@@ -26,7 +26,11 @@ proposal is still a proper one and verification stays exact. A greedy copy is ne
 Optionally (`siblings`, greedy and batch size 1) the round becomes a candidate tree: at every
 position the model ran for, its next-best guesses hang beside the drafted token as leaves
 (`specdraft.tree.chain_with_siblings`). They cost no extra draft forward, only verify positions,
-and where the chain misses the target often takes one of them.
+and where the chain misses the target often takes one of them. Given the target's verify-cost
+curve, only the siblings worth their positions are kept: a sibling at depth d is taken to be
+accepted with the draft's probability of the chain up to d - 1 times its own (EAGLE-2's
+confidence as acceptance; a greedy copy counts as sure), and the chain plus the best siblings
+maximise expected tokens per verify time (`specdraft.costs.nodes_worth_verifying`).
 
 Batches (B > 1 rows of their own lengths, `specdraft.protocol`): the loop drafts every row at once,
 one model forward per step for all rows. What a row has not fed yet is the tail of a `RowFeed`:
@@ -46,6 +50,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from specdraft.costs import nodes_worth_verifying
 from specdraft.protocol import Draft, DraftContext
 from specdraft.sampling import draw, sample, warp
 from specdraft.tree import chain_with_siblings
@@ -107,6 +112,7 @@ def draft_autoregressively(
     copy: CopySource | Sequence[CopySource | None] | None = None,
     stop_below: float | None = None,
     siblings: int = 0,
+    curve: Sequence[float] | None = None,
 ) -> Draft:
     """Draft up to num_tokens tokens one at a time and return them with their q.
 
@@ -119,6 +125,8 @@ def draft_autoregressively(
     None = always num_tokens. siblings: at greedy decoding of one row, add the model's next
     `siblings` best tokens at each position it ran for as leaves (module docstring): the draft is
     then a candidate tree of depth <= num_tokens (`Draft.parents`; q is not needed); 0 = a chain.
+    curve: the target's verify-cost curve (`specdraft.costs.verify_curve`): keep only the siblings
+    it pays for (module docstring); None = every sibling.
 
     Batches (ctx.batch_size > 1): feed is a `RowFeed` (or [B, n] tokens that are all real), copy
     one source per row (or None), and next_logits(tokens [B, n], counts) -> [B, M or V] the logits
@@ -140,10 +148,12 @@ def draft_autoregressively(
     lookup = copy if copy is not None and not (greedy and copy.weight < 0.5) else None
     tokens, probs = [], []
     drafted: list[int] = []
-    others: list[list[int]] = []  # per position: the model's next-best tokens (only with siblings > 0)
+    others: list[list[tuple[int, float]]] = []  # per position: the model's next-best (token, probability)
+    sure_of: list[float] = []  # per position: the model's probability of the drafted token (a copy: 1)
     for _ in range(num_tokens):
         copy_id = lookup.next_token(drafted) if lookup is not None else None
-        best: list[int] = []  # the model's top siblings + 1 tokens (target ids) where it ran
+        best: list[tuple[int, float]] = []  # the model's top siblings + 1 (token id, probability) where it ran
+        own = 1.0  # the model's probability of the drafted token (siblings only)
         if copy_id is not None and greedy:
             assert lookup is not None
             tok = feed.new_full((1,), copy_id)  # [1] the copy, whatever q says: q is not computed
@@ -153,8 +163,10 @@ def draft_autoregressively(
         else:
             logits = next_logits(feed)  # [1, M or V]
             if siblings:
-                top = logits[0].topk(min(siblings + 1, logits.shape[-1])).indices  # [s + 1] columns
-                best = (vocab.to_target(top) if vocab is not None else top).tolist()
+                top_p, top = torch.softmax(logits[0].float(), dim=-1).topk(min(siblings + 1, logits.shape[-1]))  # [s + 1]
+                ids = (vocab.to_target(top) if vocab is not None else top).tolist()
+                best = list(zip(ids, top_p.tolist()))
+                own = best[0][1]  # greedy: the drafted token is the top one
             q = warp(logits, ctx.sampling)  # [1, M or V]
             if copy_id is None:
                 tok = draw(q, ctx.sampling, ctx.generator)  # [1] index into the logits' columns
@@ -172,17 +184,39 @@ def draft_autoregressively(
         tokens.append(tok)
         probs.append(q)
         if siblings:
-            others.append([t for t in best if t != int(tok)][:siblings])
+            others.append([(t, p) for t, p in best if t != int(tok)][:siblings])
+            sure_of.append(own)
         if not sure:
             break
     if not tokens:
         return Draft(token_ids=ctx.token_ids.new_zeros((ctx.token_ids.shape[0], 0)))
     chain = torch.stack(tokens, dim=1)  # [1, K]
-    if any(others):
-        nodes, parents = chain_with_siblings(chain[0].tolist(), others)
+    kept = worth_verifying(others, sure_of, curve) if siblings else []
+    if any(kept):
+        nodes, parents = chain_with_siblings(chain[0].tolist(), kept)
         return Draft(token_ids=torch.tensor([nodes], device=chain.device),  # [1, N] a candidate tree
                      parents=torch.tensor([parents], device=chain.device))
     return Draft(token_ids=chain, probs=torch.stack(probs, dim=1))  # [1, K], [1, K, V]
+
+
+def worth_verifying(others: Sequence[Sequence[tuple[int, float]]], sure_of: Sequence[float],
+                    curve: Sequence[float] | None) -> list[list[int]]:
+    """The siblings kept per chain position (best first): all when curve is None, else the best by
+    path probability as far as the verify-cost curve pays (module docstring). others[d]: (token,
+    draft probability) beside chain position d; sure_of[d]: the draft's probability of the chain's
+    token there."""
+    if curve is None:
+        return [[t for t, _ in alts] for alts in others]
+    path, reach = [], 1.0  # path[d]: the draft's probability of the chain through position d
+    scored = []  # (probability of the sibling's path, position, rank)
+    for d, (alts, own) in enumerate(zip(others, sure_of)):
+        scored += [(reach * p, d, r) for r, (_, p) in enumerate(alts)]
+        reach *= own
+        path.append(reach)
+    scored.sort(key=lambda s: -s[0])
+    n = nodes_worth_verifying([s[0] for s in scored], curve, fixed=path)
+    chosen = {(d, r) for _, d, r in scored[:n]}
+    return [[t for r, (t, _) in enumerate(alts) if (d, r) in chosen] for d, alts in enumerate(others)]
 
 
 def confidence(logits: Tensor, q: Tensor, tok: Tensor, greedy: bool) -> list[float]:

@@ -4,9 +4,9 @@ A drafter proposes K tokens per round (`propose`), learns how many the target ke
 forgets the prompt's state on a new prompt (`reset`) and may remember a finished generation
 across requests (`learn`). It never touches the target's KV cache except through
 `TargetModel`'s public methods. Capabilities are class attributes (`needs_target_hidden`, `hf_counterpart`,
-`verify_curve_tokens`, `sizes_own_drafts`, `batched`, and `feature_layers` and `draft_sources`,
-which are data on the instance because they depend on the target or the settings), so the decoding
-loop never branches on a drafter's type.
+`sizes_own_drafts`, `batched`, and `feature_layers`, `draft_sources` and `verify_curve_tokens`,
+which are data on the instance because they may depend on the target or the settings), so the
+decoding loop never branches on a drafter's type.
 
 Batches: with `batched = True` a drafter drafts for B rows at once. Rows have their own lengths:
 `DraftContext.token_ids` is left padded to the longest row and `DraftContext.lengths` gives each
@@ -110,8 +110,8 @@ class Drafter(Protocol):
     hf_counterpart: ClassVar[str | None]
     # Up to how many draft tokens (tree nodes) the drafter reads the target's verify-cost curve
     # (`specdraft.costs.verify_curve`, e.g. to size a candidate tree); 0 = it does not. The decoder
-    # measures the curve that far before a generation's clock starts.
-    verify_curve_tokens: ClassVar[int]
+    # measures the curve that far before a generation's clock starts. Final after `__init__`.
+    verify_curve_tokens: int
     # True: the drafter chooses how many tokens each round drafts from its own evidence (suffix
     # decoding: per-candidate probabilities from counts, weighed on the verify-cost curve), so under
     # num_draft_tokens="auto" the decoder offers it max_draft_tokens every round instead of capping

@@ -165,7 +165,7 @@ class ImpossibleDrafter:
     feature_layers: tuple[int, ...] = ()
     draft_sources: tuple[str, ...] = ()
     hf_counterpart: ClassVar[str | None] = None
-    verify_curve_tokens: ClassVar[int] = 0
+    verify_curve_tokens: int = 0
     sizes_own_drafts: ClassVar[bool] = False
     batched: ClassVar[bool] = False  # drafts for one sequence
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdraft.draft_loop import CopySource, draft_autoregressively, mix_in_copy
+from specdraft.draft_loop import CopySource, draft_autoregressively, mix_in_copy, worth_verifying
 from specdraft.protocol import DraftContext
 from specdraft.sampling import SamplingConfig
 
@@ -265,3 +265,26 @@ def test_siblings_make_a_tree_of_the_models_runner_up_tokens() -> None:
     ctx = DraftContext(torch.tensor([[0]]), None, sampled, sampled.make_generator())
     with pytest.raises(ValueError, match="siblings=1 needs greedy"):
         draft_autoregressively(scripted_logits(steps)[0], torch.tensor([[0]]), 2, ctx, siblings=1)
+
+
+def test_siblings_are_kept_as_far_as_the_verify_cost_curve_pays() -> None:
+    """A sibling's chance is the draft's probability of the chain before it times its own; the chain's
+    positions are verified anyway, and the best siblings are added while expected tokens per verify
+    time grow (specdraft.costs.nodes_worth_verifying with the chain fixed)."""
+    others = [[(5, 0.3)], [(6, 0.2)]]  # beside chain positions 0 and 1: chances 0.3 and 0.6 * 0.2
+    sure_of = [0.6, 0.5]
+    assert worth_verifying(others, sure_of, None) == [[5], [6]]  # no curve: every sibling
+    assert worth_verifying(others, sure_of, [1.0] * 6) == [[5], [6]]  # free positions
+    assert worth_verifying(others, sure_of, [1.0, 1.0, 1.0, 1.1, 3.0]) == [[5], []]  # 2.2 / 1.1 > 1.9 > 2.32 / 3
+    assert worth_verifying(others, sure_of, [1.0, 1.0, 1.0, 5.0, 5.0]) == [[], []]
+    assert worth_verifying(others, sure_of, [1.0, 1.0, 1.0]) == [[], []]  # the curve ends at the chain
+
+
+def test_a_steep_curve_leaves_the_chain_alone() -> None:
+    """With siblings on and verify positions past the chain too dear, the draft is the plain chain (q kept)."""
+    steps = [[[0.1, 0.6, 0.3, 0.0]], [[0.5, 0.1, 0.0, 0.4]]]
+    greedy = SamplingConfig()
+    ctx = DraftContext(torch.tensor([[0]]), None, greedy, greedy.make_generator())
+    logits, _ = scripted_logits(steps)
+    draft = draft_autoregressively(logits, torch.tensor([[0]]), 2, ctx, siblings=1, curve=[1.0, 1.0, 1.0, 9.0, 9.0])
+    assert draft.parents is None and draft.token_ids[0].tolist() == [1, 0] and draft.probs is not None

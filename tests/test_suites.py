@@ -20,6 +20,7 @@ from specdraft.suites import (
     by_category,
     categories,
     load_suite,
+    parse_suite,
 )
 from tests.helpers import load_script
 
@@ -255,3 +256,23 @@ def test_the_general_suite_has_its_categories_and_long_contexts() -> None:
     table, problems = module.check(module.DEFAULT_SUITE, load_tokenizer("smollm2-135m"))
     assert not problems and len(table) == 2 + len(module.CATEGORIES)
     assert {p.category for p in load_suite("general")} == set(module.CATEGORIES)
+
+
+def test_validation_suite_takes_held_out_first_turns_per_kind_in_id_order() -> None:
+    """benchmarks/validation_suite.py: one greedy first turn per held-out conversation, the first
+    `magpie` Magpie conversations and `per_kind` of every other kind by id, as `messages` lines the
+    suite loader reads (system prompt kept)."""
+    module = load_script(Path(__file__).parents[1] / "benchmarks" / "validation_suite.py")
+
+    def record(conv: str, kind: str, turn: int = 1, mode: str = "greedy") -> dict:
+        return {"id": f"{conv}#t{turn}#{mode}", "conversation": conv, "turn": turn, "mode": mode, "kind": kind,
+                "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"ask {conv}"}]}
+
+    records = [record("m/2", "magpie"), record("m/1", "magpie"), record("m/1", "magpie", mode="sample"),
+               record("m/3", "magpie", turn=2), record("m/0", "magpie"),
+               record("c/9", "translate"), record("c/8", "translate"), record("c/7", "summarise")]
+    lines = module.validation_lines(records, magpie=2, per_kind=1)
+    assert [(line["id"], line["category"]) for line in lines] == [
+        ("m/0", "magpie"), ("m/1", "magpie"), ("c/7", "summarise"), ("c/8", "translate")]
+    prompts = parse_suite([json.dumps(line) for line in lines], "validation")
+    assert prompts[0].messages is not None and prompts[0].messages[0].role == "system"
