@@ -83,6 +83,23 @@ def test_siblings_keep_greedy_exact_and_keep_more_tokens(tiny_target: TargetMode
         DraftModelDrafter(tiny_draft(), siblings=-1)
 
 
+def test_a_batch_that_shrinks_to_one_row_drafts_trees_and_stays_exact(tiny_target: TargetModel) -> None:
+    """generate_batch: rows stop at a stop token at different rounds; once one row is left its rounds are
+    sibling trees (flat verify-cost curve), and every row's output is what it gets alone as a chain."""
+    tiny_target.verify_costs[1] = [1.0] * 40  # every sibling pays (a tiny model's measured curve is noise)
+    drafter = DraftModelDrafter(tiny_draft(), copy_ngram=None)
+    trees = []
+    propose = drafter.propose
+    drafter.propose = lambda ctx, k: (lambda d: trees.append(d.parents is not None) or d)(propose(ctx, k))  # type: ignore[method-assign]
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 16, (n,), generator=g).tolist() for n in (3, 9, 5)]
+    batch = SpeculativeDecoder(tiny_target, drafter, 3).generate_batch(prompts, 30, stop_token_ids=[4])
+    for prompt, result in zip(prompts, batch.results):
+        alone = SpeculativeDecoder(tiny_target, DraftModelDrafter(tiny_draft(), copy_ngram=None, siblings=0), 3)
+        assert result.token_ids[0].tolist() == alone.generate(prompt, 30, stop_token_ids=[4]).token_ids[0].tolist()
+    assert any(trees) and not all(trees)
+
+
 def test_greedy_draft_equal_to_target_accepts_everything(tiny_target: TargetModel) -> None:
     dec = SpeculativeDecoder(tiny_target, DraftModelDrafter(tiny_target.model, pruned_vocab=None, copy_ngram=None), 4)
     out = dec.generate(PROMPT, max_new_tokens=20, stop_token_ids=[])
