@@ -489,7 +489,7 @@ class SpeculativeDecoder:
                 "num_tokens tokens (a tree: at most num_tokens deep)."
             )
         if draft.parents is not None and b > 1:
-            raise ValueError(f"{name} proposed a candidate tree for {b} rows; trees verify at batch depth 1 only.")
+            raise ValueError(f"{name} proposed a candidate tree for {b} rows; trees verify at batch size 1 only.")
         lengths = None
         if draft.lengths is not None:
             lengths = draft.lengths.to(device)

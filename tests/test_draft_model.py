@@ -17,7 +17,7 @@ import specdraft.draft_loop
 from drafters.draft_model import DraftModelDrafter, load_draft_hf_model
 from specdraft.decode import SpeculativeDecoder
 from specdraft.models import tiny_random_llama
-from specdraft.protocol import DraftContext
+from specdraft.protocol import Draft, DraftContext
 from specdraft.sampling import SamplingConfig
 from specdraft.target import TargetModel
 from specdraft.formats.draft import build_student, save_draft_artifact
@@ -88,9 +88,15 @@ def test_a_batch_that_shrinks_to_one_row_drafts_trees_and_stays_exact(tiny_targe
     sibling trees (flat verify-cost curve), and every row's output is what it gets alone as a chain."""
     tiny_target.verify_costs[1] = [1.0] * 40  # every sibling pays (a tiny model's measured curve is noise)
     drafter = DraftModelDrafter(tiny_draft(), copy_ngram=None)
-    trees = []
+    trees = []  # per proposal: whether it was a tree
     propose = drafter.propose
-    drafter.propose = lambda ctx, k: (lambda d: trees.append(d.parents is not None) or d)(propose(ctx, k))  # type: ignore[method-assign]
+
+    def recording(ctx: DraftContext, k: int) -> Draft:
+        draft = propose(ctx, k)
+        trees.append(draft.parents is not None)
+        return draft
+
+    drafter.propose = recording  # type: ignore[method-assign]
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 16, (n,), generator=g).tolist() for n in (3, 9, 5)]
     batch = SpeculativeDecoder(tiny_target, drafter, 3).generate_batch(prompts, 30, stop_token_ids=[4])
@@ -376,8 +382,8 @@ def test_no_argument_drafter_is_the_yaml_drafter() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("siblings", [0, 1], ids=["chain", "siblings"])
 def test_shipped_draft_greedy_exact_on_default_target(default_target: TargetModel, siblings: int) -> None:
-    """As configured by default: the draft plus copying (the draft alone is the same path without
-    copies); and with its runner-up tokens as tree leaves."""
+    """As configured by default (siblings=1: the draft plus copying, its runner-up tokens as tree
+    leaves where the verify-cost curve pays) and as a plain chain (siblings=0)."""
     tok = default_target.tokenizer
     prompt = tok.apply_chat_template(
         [{"role": "user", "content": "What is a Python list comprehension?"}], add_generation_prompt=True
