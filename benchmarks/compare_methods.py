@@ -4,8 +4,11 @@
 
 For each prompt (each turn of a multi-turn prompt) the ratio of a method's tok/s to the base method's
 tok/s measured side by side in the same bench run (same prompt, same repetitions, rotated order);
-the table shows the median ratio per category (several result files are pooled by category) and
-the store sizes the drafters reported (`drafter_memory`). Numbers: benchmarks/RESULTS.md.
+the table shows the median ratio per category (several result files are pooled by category). A
+second table pools each category's work instead: all its new tokens over all its seconds, per method,
+over the base's (the category's throughput ratio; with the prompts' prefills left out too), so long
+answers weigh more than short ones. Last, the store sizes the drafters reported (`drafter_memory`).
+Numbers: benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -36,6 +39,41 @@ def ratios(results: list[dict[str, Any]], base: str) -> dict[str, dict[str, list
     return out
 
 
+def pooled(results: list[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
+    """{category: {method: [new tokens, seconds, seconds without prefill]}} summed over the
+    category's prompts (and "overall"), over all records of all results."""
+    out: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0, 0.0]))
+    for result in results:
+        for r in result["records"]:
+            for cat in (r["category"], "overall"):
+                total = out[cat][r["method"]]
+                total[0] += r["tokens"]
+                total[1] += r["seconds_median"]
+                total[2] += r["seconds_median"] - (r.get("prefill_s") or 0.0)
+    return out
+
+
+def pooled_table(results: list[dict[str, Any]], base: str) -> list[str]:
+    """Markdown rows: each category's throughput ratio to `base` (and decode-only, in brackets)."""
+    per = pooled(results)
+    methods = sorted({m for cat in per.values() for m in cat} - {base})
+    lines = ["", f"| category (pooled) | " + " | ".join(f"{m} / {base}" for m in methods) + " |",
+             "|---|" + "---|" * len(methods)]
+    for cat in sorted(per, key=lambda c: (c != "overall", c)):
+        b = per[cat].get(base)
+        cells = []
+        for m in methods:
+            t = per[cat].get(m)
+            if not b or not t or not t[1] or not t[2]:
+                cells.append("-")
+                continue
+            whole = (t[0] / t[1]) / (b[0] / b[1])
+            decode = (t[0] / t[2]) / (b[0] / b[2])
+            cells.append(f"{whole:.2f}x ({decode:.2f}x)")
+        lines.append(f"| {cat} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def table(results: list[dict[str, Any]], base: str) -> str:
     per = ratios(results, base)
     if not per:
@@ -47,11 +85,13 @@ def table(results: list[dict[str, Any]], base: str) -> str:
         n = max(len(v) for v in per[cat].values())
         cells = [f"{statistics.median(per[cat][m]):.2f}x" if per[cat].get(m) else "-" for m in methods]
         lines.append(f"| {cat} | {n} | " + " | ".join(cells) + " |")
+    lines += pooled_table(results, base)
     memory = [(m, mem) for result in results for m, mem in (result.get("drafter_memory") or {}).items()]
     if memory:
-        lines += ["", "| method | store tokens | budget | requests | estimated bytes |", "|---|---|---|---|---|"]
-        lines += [f"| {m} | {mem['tokens']} | {mem['budget_tokens']} | {mem['requests']} | {mem['bytes']} |"
-                  for m, mem in memory]
+        lines += ["", "| method | store tokens | budget | requests | estimated bytes | corpus tokens | corpus bytes |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {m} | {mem['tokens']} | {mem['budget_tokens']} | {mem['requests']} | {mem['bytes']} "
+                  f"| {mem.get('corpus_tokens', 0)} | {mem.get('corpus_bytes', 0)} |" for m, mem in memory]
     return "\n".join(lines)
 
 

@@ -240,8 +240,9 @@ def main() -> None:
     rows = {
         "ngram (auto)": replay(records, NGramDrafter, target, curve, None),
         "suffix": replay(records, SuffixDrafter, target, curve, 8),  # it sizes its own drafts: offered 8 every round
+        "suffix, no corpus": replay(records, lambda: SuffixDrafter(corpus=None), target, curve, 8),
         "suffix_tree": replay(records, lambda: SuffixDrafter(tree=True), target, curve, 8),
-        "suffix_cold": replay(records, lambda: SuffixDrafter(store_tokens=0), target, curve, 8),
+        "suffix_cold": replay(records, lambda: SuffixDrafter(store_tokens=0, corpus=None), target, curve, 8),
         "ceiling (copying oracle)": ceiling(records, curve),
     }
     tops = target_topk(records, target, 8, args.outputs.with_name(args.outputs.stem + "_top8.pt"))

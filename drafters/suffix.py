@@ -2,7 +2,8 @@
 
 Each round the drafter looks up the longest suffix of the committed tokens (up to `max_match`
 tokens) in two indexes (`drafters.suffix_index`): the current request's prompt + output, and a
-global store of earlier requests' outputs bounded by `store_tokens`. The continuations that followed
+global store of earlier requests' outputs bounded by `store_tokens`; and in a read-only corpus of
+the target's earlier answers (`drafters.suffix_corpus`, `corpus`). The continuations that followed
 the matched occurrences are merged into a counted tree; the speculation is its most frequent nodes
 (a node's probability = the share of occurrences that continue through it, >= `min_prob`), at most
 `spec_factor * match length + spec_offset` deep (a long match earns a long draft), from whichever
@@ -35,6 +36,7 @@ import torch
 from torch import Tensor
 
 from drafters.ngram import new_row_tokens
+from drafters.suffix_corpus import CorpusIndex, find_corpus, load_corpus
 from drafters.suffix_index import Candidate, SuffixIndex, best_chain, continuation_tree
 from specdraft import costs
 from specdraft.protocol import Draft, DraftContext
@@ -70,6 +72,13 @@ class SuffixDrafter:
         evidence when they share a long context (a short match there drafts other requests' words
         and, worse, teaches the K policy that drafting does not pay).
     store_path: a store file (`save_store`) to start from; None = start empty.
+    corpus: the target's earlier answers as a read-only suffix array (`drafters.suffix_corpus`):
+        "auto" = the shipped corpus written by the bound target (none for other targets), a
+        directory from `specdraft-suffix-corpus` or a shipped name, None = no corpus.
+    corpus_tokens: the corpus's budget in tokens (its newest answers are kept).
+    corpus_min_match: the shortest match the corpus may draft from.
+    corpus_prior: pseudo-occurrences added to a corpus match's count, so a context seen once or
+        twice in millions of tokens promises a fraction of a token, not certainty.
 
     Trees at batch size 1 only: the decoder verifies a tree with one tree mask for the whole batch
     (`specdraft.tree`), so at B > 1 every row drafts its best chain instead, even with tree=true.
@@ -97,15 +106,22 @@ class SuffixDrafter:
         store_tokens: int = 200_000,
         store_min_match: int = 4,
         store_path: str | None = None,
+        corpus: str | None = "auto",
+        corpus_tokens: int = 8_000_000,
+        corpus_min_match: int = 2,
+        corpus_prior: float = 2.0,
     ) -> None:
         problems = []
         for name, value, low in (("anchor", anchor, 1), ("max_match", max_match, 1),
                                  ("max_occurrences", max_occurrences, 1), ("store_tokens", store_tokens, 0),
-                                 ("store_min_match", store_min_match, 1)):
+                                 ("store_min_match", store_min_match, 1), ("corpus_tokens", corpus_tokens, 1),
+                                 ("corpus_min_match", corpus_min_match, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 problems.append(f"{name} must be an integer >= {low}, got {value!r}")
         if not 0.0 <= min_prob <= 1.0:
             problems.append(f"min_prob must be in [0, 1], got {min_prob!r}")
+        if isinstance(corpus_prior, bool) or not isinstance(corpus_prior, (int, float)) or corpus_prior < 0:
+            problems.append(f"corpus_prior must be a number >= 0 (pseudo-occurrences), got {corpus_prior!r}")
         if spec_factor < 0 or spec_offset < 0:
             problems.append(f"spec_factor and spec_offset must be >= 0, got {spec_factor!r}, {spec_offset!r}")
         if problems:
@@ -114,6 +130,10 @@ class SuffixDrafter:
         self.anchor, self.max_match, self.max_occurrences = anchor, max_match, max_occurrences
         self.spec_factor, self.spec_offset, self.min_prob = float(spec_factor), float(spec_offset), float(min_prob)
         self.store_tokens, self.store_min_match = store_tokens, store_min_match
+        self.corpus_spec, self.corpus_tokens, self.corpus_min_match = corpus, corpus_tokens, corpus_min_match
+        self.corpus_prior = float(corpus_prior)
+        self.corpus: CorpusIndex | None = None  # loaded at bind (`find_corpus`: which one depends on the target)
+        self._corpus_dir: Path | None = None
         self.store: SuffixIndex | None = SuffixIndex(anchor, store_tokens) if store_tokens else None
         self._store_vocab: int | None = None
         if store_path is not None:
@@ -125,12 +145,18 @@ class SuffixDrafter:
 
     # ------------------------------------------------------------------------------- protocol
     def bind(self, target: TargetModel) -> None:
-        """Check a loaded store was written for this vocabulary; the curve is read on first use."""
+        """Check a loaded store was written for this vocabulary, load the corpus made for this
+        target (`find_corpus`); the curve is read on first use."""
         if self._store_vocab is not None and self._store_vocab != target.vocab_size:
             raise ValueError(
                 f"the suffix store was written for a vocabulary of {self._store_vocab} tokens but the "
                 f"target has {target.vocab_size}; build the store with this target's tokenizer."
             )
+        found = find_corpus(self.corpus_spec, target)
+        if found is None:
+            self.corpus, self._corpus_dir = None, None
+        elif found != self._corpus_dir:
+            self.corpus, self._corpus_dir = load_corpus(found, self.corpus_tokens), found
         self._target, self._curve = target, None
 
     @property
@@ -176,9 +202,9 @@ class SuffixDrafter:
 
     def learn(self, token_ids: Tensor, prompt_len: int) -> dict[str, Any]:
         """Remember a finished generation's output (token_ids [T] = prompt + output) in the store;
-        returns the store's size (`store_stats`), {} without a store."""
+        returns the store's and the corpus's size (`store_stats`), {} with neither."""
         if self.store is None:
-            return {}
+            return self.store_stats() if self.corpus is not None else {}
         if token_ids.shape[0] > prompt_len:
             self.store.add(token_ids[prompt_len:].tolist())
         return self.store_stats()
@@ -187,21 +213,22 @@ class SuffixDrafter:
     def speculate(self, context: Sequence[int], max_nodes: int, local: SuffixIndex | None = None,
                   tree: bool | None = None) -> list[Candidate]:
         """The best candidates (best first, parents first) continuing `context`, from the local
-        index (`local`, default row 0's) or the store, whichever promises more accepted tokens; a
-        chain unless `tree` (default: the drafter's tree option)."""
+        index (`local`, default row 0's), the store or the corpus, whichever promises the most
+        accepted tokens; a chain unless `tree` (default: the drafter's tree option)."""
         local = self.locals[0] if local is None else local
         tree = self.tree if tree is None else tree
         best: list[Candidate] = []
-        for index in (local, self.store):
+        for index, min_match in ((local, 1), (self.store, self.store_min_match), (self.corpus, self.corpus_min_match)):
             if index is None:
                 continue
             match = index.match(context, self.max_match, self.max_occurrences)
-            if match is None or (index is self.store and match.length < self.store_min_match):
+            if match is None or match.length < min_match:
                 continue
             depth = min(int(self.spec_factor * match.length + self.spec_offset), max_nodes)
             windows = index.continuations(match, depth)
-            nodes = (continuation_tree(windows, max_nodes, self.min_prob) if tree
-                     else best_chain(windows, self.min_prob))
+            prior = self.corpus_prior if index is self.corpus else 0.0
+            nodes = (continuation_tree(windows, max_nodes, self.min_prob, prior) if tree
+                     else best_chain(windows, self.min_prob, prior))
             if expected_tokens(nodes) > expected_tokens(best):
                 best = nodes
         return best
@@ -240,12 +267,16 @@ class SuffixDrafter:
 
     # ------------------------------------------------------------------------------- store files
     def store_stats(self) -> dict[str, Any]:
-        """The store's size against its budget (tokens, requests, estimated bytes)."""
-        store = self.store
+        """The store's size against its budget (tokens, requests, estimated bytes) and the
+        corpus's (tokens, budget, bytes of its arrays)."""
+        store, corpus = self.store, self.corpus
         return {"budget_tokens": self.store_tokens,
                 "tokens": 0 if store is None else store.num_tokens,
                 "requests": 0 if store is None else len(store.sequences),
-                "bytes": 0 if store is None else store.memory_bytes()}
+                "bytes": 0 if store is None else store.memory_bytes(),
+                "corpus_budget_tokens": self.corpus_tokens,
+                "corpus_tokens": 0 if corpus is None else corpus.num_tokens,
+                "corpus_bytes": 0 if corpus is None else corpus.memory_bytes()}
 
     def save_store(self, path: str | Path) -> None:
         """Write the store (its requests' tokens, oldest first) to a JSON file, atomically."""

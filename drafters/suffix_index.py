@@ -187,12 +187,15 @@ class SuffixIndex:
         return 36 * self.num_tokens + 64 * entries + 700 * len(self._occurrences)
 
 
-def continuation_tree(windows: Iterable[Sequence[int]], max_nodes: int, min_prob: float) -> list[Candidate]:
+def continuation_tree(windows: Iterable[Sequence[int]], max_nodes: int, min_prob: float,
+                      prior: float = 0.0) -> list[Candidate]:
     """The windows' continuations merged into a tree of counted candidates: the (at most
     max_nodes) most probable nodes with probability >= min_prob, parents before children.
 
-    A node's probability is count(node) / number of windows; counts never grow down a path, so
-    the most probable nodes always include their ancestors and best-first order is parent-first.
+    A node's probability is count(node) / (number of windows + prior): `prior` pseudo-windows that
+    continue with none of the candidates keep a few occurrences from promising certainty. Counts
+    never grow down a path, so the most probable nodes always include their ancestors and
+    best-first order is parent-first.
     """
     windows = [w for w in windows if w]
     if not windows or max_nodes <= 0:
@@ -202,7 +205,7 @@ def continuation_tree(windows: Iterable[Sequence[int]], max_nodes: int, min_prob
         for d in range(1, len(w) + 1):
             key = tuple(w[:d])
             counts[key] = counts.get(key, 0) + 1
-    total = len(windows)
+    total = len(windows) + prior
     # most frequent first; ties: shallower first (a parent before its child), then the token order
     ranked = heapq.nsmallest(max_nodes, ((-c, len(k), k) for k, c in counts.items() if c / total >= min_prob))
     index: dict[tuple[int, ...], int] = {}
@@ -214,12 +217,12 @@ def continuation_tree(windows: Iterable[Sequence[int]], max_nodes: int, min_prob
     return out
 
 
-def best_chain(windows: Iterable[Sequence[int]], min_prob: float) -> list[Candidate]:
+def best_chain(windows: Iterable[Sequence[int]], min_prob: float, prior: float = 0.0) -> list[Candidate]:
     """The most frequent chain through the windows: at every depth the token that most of the
     windows agreeing so far continue with (ties: the smaller token id), while its share of all
-    windows stays >= min_prob."""
+    windows (plus `prior` pseudo-windows, as in `continuation_tree`) stays >= min_prob."""
     alive = [w for w in windows if w]
-    total = len(alive)
+    total = len(alive) + prior
     chain: list[Candidate] = []
     while alive:
         d = len(chain)

@@ -827,11 +827,12 @@ def render_markdown(result: dict[str, Any]) -> str:
     lines += roofline_markdown(result)
     if result.get("drafter_memory"):
         lines.append("## what drafters keep across requests (after the last prompt)\n")
-        lines.append("| method | tokens | budget (tokens) | requests | estimated bytes |")
-        lines.append("|---|---|---|---|---|")
+        lines.append("| method | tokens | budget (tokens) | requests | estimated bytes | corpus tokens | corpus budget | corpus bytes |")
+        lines.append("|---|---|---|---|---|---|---|---|")
         for method, mem in result["drafter_memory"].items():
             lines.append(f"| {method} | {mem.get('tokens')} | {mem.get('budget_tokens')} | {mem.get('requests')} "
-                         f"| {mem.get('bytes')} |")
+                         f"| {mem.get('bytes')} | {mem.get('corpus_tokens', 0)} | {mem.get('corpus_budget_tokens', '-')} "
+                         f"| {mem.get('corpus_bytes', 0)} |")
         lines.append("")
     if result["greedy_mismatches"]:
         lines.append(f"**GREEDY MISMATCHES:** {result['greedy_mismatches']}\n")

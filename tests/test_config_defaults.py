@@ -18,7 +18,7 @@ DRAFTER_DIR = resources.files("conf").joinpath("drafter")
 NAMES = sorted(p.name[:-5] for p in DRAFTER_DIR.iterdir() if p.name.endswith(".yaml"))
 # Variant YAMLs: another configuration of a class that has its own primary YAML, exempt for the
 # keys they exist to change (and only for those).
-VARIANTS: dict[str, set[str]] = {"medusa_recurrent": {"heads"}, "suffix_cold": {"store_tokens"}, "suffix_tree": {"tree"},
+VARIANTS: dict[str, set[str]] = {"medusa_recurrent": {"heads"}, "suffix_cold": {"store_tokens", "corpus"}, "suffix_tree": {"tree"},
                                  "eagle_tree": {"tree"}}
 
 
