@@ -3,7 +3,7 @@
 The global store (`drafters.suffix_index.SuffixIndex`) learns from this process's requests and costs
 a few hundred bytes per token; a deployment's logs hold millions of tokens of the target's own
 answers, the evidence llama.cpp's static n-gram cache (`llama-lookup-create`) is built from. This
-module keeps such a corpus read-only in about 8 bytes per token and answers the same two questions
+module keeps such a corpus read-only in about 12 bytes per token and answers the same two questions
 as the store:
 
 - `CorpusIndex.match`: the longest suffix of the context (at most `max_match` tokens) that occurs in

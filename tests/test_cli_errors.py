@@ -46,6 +46,7 @@ CASES = {
     "specdraft-train-eagle": (["out_dir={taken}"], "overwrite=true"),
     "specdraft-selfgen": (["out_dir={taken}"], "overwrite=true"),
     "specdraft-export": (["out_dir={taken}"], "overwrite=true"),
+    "specdraft-suffix-corpus": (["out_dir={taken}"], "overwrite=true"),
 }
 
 
