@@ -118,14 +118,15 @@ def teacher_corpus(target: TargetModel, prompts: list[list[int]], n: int = 40) -
     return out
 
 
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_greedy_with_a_corpus_equals_plain_greedy(tmp_path, seed: int) -> None:  # noqa: ANN001
+def test_greedy_with_a_corpus_equals_plain_greedy(tmp_path, seed: int, tree: bool) -> None:  # noqa: ANN001
     target = flat_costs(tiny_random_target(vocab_size=16, seed=40 + seed))
     prompts = [[1, 5, 3, 7, 1, 5], [2, 4, 6, 2, 4], [3, 3, 3, 3]]
     path = corpus_dir(tmp_path, target, teacher_corpus(target, prompts))
     runs = {}
     for name, corpus in (("corpus", str(path)), ("none", None)):
-        drafter = SuffixDrafter(anchor=2, min_prob=0.0, store_tokens=0, corpus=corpus, corpus_min_match=1)
+        drafter = SuffixDrafter(tree=tree, anchor=2, min_prob=0.0, store_tokens=0, corpus=corpus, corpus_min_match=1)
         dec = SpeculativeDecoder(target, drafter, num_draft_tokens=8, verify_curve=[1.0] * 9)
         runs[name] = [dec.generate(p, 30, stop_token_ids=[]) for p in prompts]
         assert (drafter.store_stats()["corpus_tokens"] > 0) == (corpus is not None)
@@ -135,20 +136,21 @@ def test_greedy_with_a_corpus_equals_plain_greedy(tmp_path, seed: int) -> None: 
     assert sum(r.stats.accepted for r in runs["corpus"]) > 0
 
 
-def corpus_pvalue(target: TargetModel, tmp_path, sampler=None, n: int = 1200) -> float:  # noqa: ANN001
+def corpus_pvalue(target: TargetModel, tmp_path, sampler=None, n: int = 1200, tree: bool = False) -> float:  # noqa: ANN001
     sampling = SamplingConfig(temperature=1.0)
     flat_costs(target)
     prompt = [2, 9]  # no repeat inside and no store: every draft comes from the corpus
     path = corpus_dir(tmp_path, target, teacher_corpus(target, [prompt], n=60))
-    drafter = SuffixDrafter(anchor=2, min_prob=0.0, store_tokens=0, corpus=str(path), corpus_min_match=1)
+    drafter = SuffixDrafter(tree=tree, anchor=2, min_prob=0.0, store_tokens=0, corpus=str(path), corpus_min_match=1)
     kwargs = {} if sampler is None else {"sampler": sampler}
     dec = SpeculativeDecoder(target, drafter, num_draft_tokens=6, sampling=sampling, verify_curve=[1.0] * 9, **kwargs)
     counts = sample_two_tokens(dec, prompt, n=n, vocab=target.vocab_size)
     return pooled_chisquare(counts, exact_two_token_distribution(target, prompt, sampling))
 
 
-def test_corpus_drafts_are_lossless_at_temperature_one(tiny_target: TargetModel, tmp_path) -> None:  # noqa: ANN001
-    assert corpus_pvalue(tiny_target, tmp_path) > 1e-4
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_corpus_drafts_are_lossless_at_temperature_one(tiny_target: TargetModel, tmp_path, tree: bool) -> None:  # noqa: ANN001
+    assert corpus_pvalue(tiny_target, tmp_path, tree=tree) > 1e-4
 
 
 def test_the_corpus_test_catches_a_verifier_that_accepts_everything(tiny_target: TargetModel, tmp_path) -> None:  # noqa: ANN001
