@@ -198,3 +198,14 @@ def test_the_shipped_corpus_is_found_for_the_default_target(default_target: Targ
     tok = default_target.tokenizer
     ids = tok("I'd be happy to help", add_special_tokens=False)["input_ids"]
     assert index.match(ids, 32, 32) is not None  # the target's common phrasing is in it
+
+
+def test_batch_with_a_corpus_equals_one_by_one(tmp_path) -> None:  # noqa: ANN001
+    """Every row of a batch reads the shared corpus beside its own context."""
+    from tests.test_ngram import BATCH_PROMPTS, check_batches, flat_verify_costs
+
+    target = flat_verify_costs(tiny_random_target(vocab_size=16, seed=9))
+    path = corpus_dir(tmp_path, target, teacher_corpus(target, BATCH_PROMPTS))
+    drafter = SuffixDrafter(anchor=2, min_prob=0.0, store_tokens=0, corpus=str(path), corpus_min_match=1)
+    check_batches(SpeculativeDecoder(target, drafter, num_draft_tokens=4))
+    assert drafter.corpus is not None and drafter.store_stats()["corpus_tokens"] > 0
