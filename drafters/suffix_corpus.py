@@ -116,9 +116,9 @@ class CorpusIndex:
 
     def match(self, context: Sequence[int], max_match: int, max_occurrences: int) -> Match | None:
         """The longest suffix of `context` (at most min(max_match, SORTED_DEPTH) tokens) that
-        occurs in the corpus with a continuation, and up to `max_occurrences` of its occurrences spread over all of them
-        (occurrence = (0, position of its last token in the joined tokens)); None when even the last
-        token never occurs."""
+        occurs in the corpus with a continuation, and up to `max_occurrences` of its occurrences,
+        spread over all of them (occurrence = (0, position of its last token in the joined
+        tokens)); None when even the last token never occurs."""
         limit = min(max_match, SORTED_DEPTH, len(context))
         if limit < 1:
             return None

@@ -45,7 +45,8 @@ def build(cfg: DictConfig) -> Path:
     selfgen = list(cfg.selfgen or [])
     stores = list(cfg.stores or [])
     if not selfgen and not stores:
-        raise ValueError("no sources: name specdraft-selfgen outputs in selfgen=[...] and/or suffix stores in stores=[...].")
+        raise ValueError("no sources: name specdraft-selfgen outputs in selfgen=[...] and/or suffix stores "
+                         "in stores=[...].")
     out = prepare_output_dir(cfg.out_dir, bool(cfg.overwrite))
     sequences = [r["completion_ids"] for r in load_selfgen_records(cfg.split, selfgen)] if selfgen else []
     for path in stores:
