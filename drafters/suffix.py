@@ -218,7 +218,9 @@ class SuffixDrafter:
         local = self.locals[0] if local is None else local
         tree = self.tree if tree is None else tree
         best: list[Candidate] = []
-        for index, min_match in ((local, 1), (self.store, self.store_min_match), (self.corpus, self.corpus_min_match)):
+        sources = ((local, 1, 0.0), (self.store, self.store_min_match, 0.0),
+                   (self.corpus, self.corpus_min_match, self.corpus_prior))  # (index, shortest match, prior)
+        for index, min_match, prior in sources:
             if index is None:
                 continue
             match = index.match(context, self.max_match, self.max_occurrences)
@@ -226,7 +228,6 @@ class SuffixDrafter:
                 continue
             depth = min(int(self.spec_factor * match.length + self.spec_offset), max_nodes)
             windows = index.continuations(match, depth)
-            prior = self.corpus_prior if index is self.corpus else 0.0
             nodes = (continuation_tree(windows, max_nodes, self.min_prob, prior) if tree
                      else best_chain(windows, self.min_prob, prior))
             if expected_tokens(nodes) > expected_tokens(best):

@@ -69,33 +69,38 @@ def suffix_order(symbols: np.ndarray, depth: int) -> np.ndarray:
     return order
 
 
+def join_newest(sequences: Sequence[Sequence[int]], max_tokens: int | None = None) -> tuple[np.ndarray, int, int]:
+    """The newest sequences (the last ones given) that fit in `max_tokens` tokens (None = all),
+    oldest first, joined with SEPARATOR after each: ([N] int32, sequences kept, tokens kept)."""
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens must be None (all) or >= 1, got {max_tokens}.")
+    kept: list[Sequence[int]] = []
+    total = 0
+    for seq in reversed(sequences):  # the newest first, while they fit the budget
+        if not len(seq):
+            continue
+        if max_tokens is not None and total + len(seq) > max_tokens:
+            break
+        kept.append(seq)
+        total += len(seq)
+    kept.reverse()
+    pieces = [np.append(np.asarray(seq, dtype=np.int64), SEPARATOR) for seq in kept]
+    joined = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
+    if int(joined.min(initial=0)) < SEPARATOR or np.count_nonzero(joined == SEPARATOR) != len(kept):
+        raise ValueError("corpus token ids must be >= 0.")
+    return joined.astype(np.int32), len(kept), total
+
+
 class CorpusIndex:
     """A read-only suffix array over token sequences (module docstring).
 
     sequences: the corpus, e.g. the target's earlier answers; max_tokens: keep at most this many
-        tokens (the newest sequences, i.e. the last ones given; None = all).
+        tokens (the newest sequences, `join_newest`; None = all).
     """
 
     def __init__(self, sequences: Sequence[Sequence[int]], max_tokens: int | None = None) -> None:
-        if max_tokens is not None and max_tokens < 1:
-            raise ValueError(f"max_tokens must be None (all) or >= 1, got {max_tokens}.")
-        kept: list[Sequence[int]] = []
-        total = 0
-        for seq in reversed(sequences):  # the newest first, while they fit the budget
-            if not len(seq):
-                continue
-            if max_tokens is not None and total + len(seq) > max_tokens:
-                break
-            kept.append(seq)
-            total += len(seq)
-        kept.reverse()
-        pieces = [np.append(np.asarray(seq, dtype=np.int64), SEPARATOR) for seq in kept]
-        joined = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
-        if int(joined.min(initial=0)) < SEPARATOR or np.count_nonzero(joined == SEPARATOR) != len(kept):
-            raise ValueError("corpus token ids must be >= 0.")
-        self.tokens = joined.astype(np.int32)  # [N] forward, SEPARATOR after every sequence
-        self.num_sequences = len(kept)
-        self.num_tokens = total
+        # [N] forward, SEPARATOR after every sequence
+        self.tokens, self.num_sequences, self.num_tokens = join_newest(sequences, max_tokens)
         self.max_tokens = max_tokens
         # the reversed text shifted by one (separator -> 0, token t -> t + 1): the symbols that are sorted
         self._reversed = (self.tokens[::-1].astype(np.int64) + 1).astype(np.int32)  # [N]
@@ -160,19 +165,22 @@ class CorpusIndex:
         return [self.tokens[s:e].tolist() for s, e in zip(starts, cuts)]
 
 
-def save_corpus(index: CorpusIndex, out_dir: str | Path, record: dict[str, Any]) -> Path:
-    """Write `index`'s tokens (`corpus.npz`) and `record` plus the corpus's size (`corpus.json`) to
-    out_dir; record holds at least `target_model` (the target's record, `target_info`)."""
+def save_corpus(sequences: Sequence[Sequence[int]], out_dir: str | Path, record: dict[str, Any],
+                max_tokens: int | None = None) -> Path:
+    """Write the newest sequences within `max_tokens` (`join_newest`; no suffix array is built) to
+    `corpus.npz`, and `record` plus the corpus's size to `corpus.json`, in out_dir; record holds at
+    least `target_model` (the target's record, `target_info`)."""
+    tokens, num_sequences, num_tokens = join_newest(sequences, max_tokens)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    dtype = np.uint16 if int(index.tokens.max(initial=0)) < np.iinfo(np.uint16).max else np.int32
-    stored = index.tokens.astype(np.int64)
+    dtype = np.uint16 if int(tokens.max(initial=0)) < np.iinfo(np.uint16).max else np.int32
+    stored = tokens.astype(np.int64)
     stored[stored == SEPARATOR] = np.iinfo(dtype).max if dtype == np.uint16 else SEPARATOR
     tmp = out / (TOKENS_FILE + ".tmp.npz")
     np.savez_compressed(tmp, tokens=stored.astype(dtype))
     os.replace(tmp, out / TOKENS_FILE)
     full = {"format": CORPUS_FORMAT, "version": CORPUS_VERSION, **record,
-            "tokens": index.num_tokens, "sequences": index.num_sequences}
+            "tokens": num_tokens, "sequences": num_sequences}
     (out / RECORD_FILE).write_text(json.dumps(full, indent=2) + "\n")
     return out
 

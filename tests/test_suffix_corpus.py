@@ -83,7 +83,7 @@ def test_budget_keeps_the_newest_sequences() -> None:
 
 
 def corpus_dir(tmp_path, target: TargetModel, seqs: list[list[int]]):  # noqa: ANN001, ANN201
-    return save_corpus(CorpusIndex(seqs), tmp_path / "corpus", {RECORD_KEY: target_info(target)})
+    return save_corpus(seqs, tmp_path / "corpus", {RECORD_KEY: target_info(target)})
 
 
 def test_file_round_trip_and_target_check(tmp_path) -> None:  # noqa: ANN001

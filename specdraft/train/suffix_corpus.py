@@ -20,7 +20,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from drafters.suffix import STORE_FORMAT
-from drafters.suffix_corpus import CorpusIndex, save_corpus
+from drafters.suffix_corpus import save_corpus
 from specdraft.console import hydra_cli
 from specdraft.formats.target_info import RECORD_KEY, target_info
 from specdraft.outputs import prepare_output_dir
@@ -51,14 +51,13 @@ def build(cfg: DictConfig) -> Path:
     sequences = [r["completion_ids"] for r in load_selfgen_records(cfg.split, selfgen)] if selfgen else []
     for path in stores:
         sequences += store_sequences(path)
-    index = CorpusIndex(sequences, int(cfg.max_tokens))
     target = instantiate(cfg.target)
     record = {RECORD_KEY: target_info(target),
               "sources": {"selfgen": [str(p) for p in selfgen], "split": cfg.split, "stores": [str(p) for p in stores]},
               "max_tokens": int(cfg.max_tokens),
               "command": "specdraft-suffix-corpus " + " ".join(sys.argv[1:]),
               "config": OmegaConf.to_container(cfg, resolve=True)}
-    return save_corpus(index, out, record)
+    return save_corpus(sequences, out, record, int(cfg.max_tokens))
 
 
 @hydra_cli("suffix_corpus")
