@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 SORTED_DEPTH = 32  # suffixes are sorted on this many symbols: the longest match the corpus can find
 SEPARATOR = -1  # between sequences in the joined tokens (never a token id)
+NARROW_VECTORISED = 128  # a sorted range this narrow is searched in one numpy pass; wider ones are bisected
 CORPUS_FORMAT = "specdraft-suffix-corpus"
 CORPUS_VERSION = 1
 TOKENS_FILE = "corpus.npz"
@@ -136,17 +137,41 @@ class CorpusIndex:
         n = self._reversed.shape[0]
         length = 1
         while length < limit:
-            starts = self._order[lo:hi].astype(np.int64) + length  # [R] where symbol `length` of each suffix sits
-            column = np.where(starts < n, self._reversed[np.minimum(starts, n - 1)], -1)  # [R] ascending
-            symbol = int(context[-1 - length]) + 1
-            a = lo + int(np.searchsorted(column, symbol, side="left"))
-            b = lo + int(np.searchsorted(column, symbol, side="right"))
+            a, b = self._narrow(lo, hi, length, int(context[-1 - length]) + 1)
             if a >= b:
                 break
             lo, hi, length = a, b, length + 1
         step = -(-(hi - lo) // max_occurrences)  # ceil: at most max_occurrences, evenly spread
         ends = n - 1 - self._order[lo:hi:step].astype(np.int64)  # [<= max_occurrences] forward end positions
         return Match(length, tuple((0, int(e)) for e in ends))
+
+    def _narrow(self, lo: int, hi: int, length: int, symbol: int) -> tuple[int, int]:
+        """The part [a, b) of the sorted range [lo, hi), whose suffixes agree on their first
+        `length` symbols, with `symbol` next. A wide range (a frequent token) is bisected one
+        element at a time (log2 R reads); a narrow one in one vectorised pass (R reads)."""
+        order, reversed_, n = self._order, self._reversed, self._reversed.shape[0]
+        if hi - lo <= NARROW_VECTORISED:
+            starts = order[lo:hi].astype(np.int64) + length  # [R] where symbol `length` of each suffix sits
+            column = np.where(starts < n, reversed_[np.minimum(starts, n - 1)], -1)  # [R] ascending
+            return (lo + int(np.searchsorted(column, symbol, side="left")),
+                    lo + int(np.searchsorted(column, symbol, side="right")))
+
+        def below(i: int, strict: bool) -> bool:  # is suffix i's symbol `length` < symbol (<= unless strict)?
+            at = int(order[i]) + length
+            value = int(reversed_[at]) if at < n else -1
+            return value < symbol if strict else value <= symbol
+
+        bounds = []
+        for strict in (True, False):
+            a, b = lo, hi
+            while a < b:
+                mid = (a + b) // 2
+                if below(mid, strict):
+                    a = mid + 1
+                else:
+                    b = mid
+            bounds.append(a)
+        return bounds[0], bounds[1]
 
     def continuations(self, match: Match, depth: int) -> list[list[int]]:
         """The (up to `depth`) tokens after each matched occurrence, cut at the end of its sequence."""

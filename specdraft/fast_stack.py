@@ -8,9 +8,10 @@ What makes it fast (each kept because benchmarks/verify_cost.py showed it pays o
 - the KV cache is preallocated and written in place (no `torch.cat` per layer per forward), and a
   rollback only moves a length: nothing is copied;
 - grouped-query attention goes to `scaled_dot_product_attention(enable_gqa=True)`, instead of
-  materialising repeated K/V heads; a verify forward (a few positions after a long cache) stacks
-  the query heads of each K/V head as rows of one attention (`_grouped_attention`), since the
-  CPU kernel's cost there is in multiplying few rows at a time;
+  materialising repeated K/V heads; a verify forward (a few positions after a long cache: a chain,
+  or a tree whose mask every row shares) stacks the query heads of each K/V head as rows of one
+  attention (`_grouped_attention`), since the CPU kernel's cost there is in multiplying few rows
+  at a time;
 - a prefill (empty cache) uses SDPA's causal mode, which skips the masked half of the blocks; a
   batch of prompts of different lengths is prefilled packed (`prefill_packed`): the projections
   run on the rows' own tokens only, never on the padding, and each row attends causally over its
@@ -451,10 +452,13 @@ class FastStack:
             position_ids = torch.arange(first_position, first_position + k, device=hidden.device)[None]  # [1, k]
         mask = attention_mask
         causal = mask is None and k > 1 and past == 0  # a prefill: SDPA's is_causal skips masked blocks
-        grouped = mask is None and k > 1 and past > 0 and self.group > 1
+        shared = mask is not None and mask.shape[0] == 1 and mask.shape[1] == 1  # one mask for every row and head
+        grouped = (mask is None or shared) and k > 1 and past > 0 and self.group > 1
         if mask is None and k > 1 and past > 0:  # query i sees every cached position and block positions <= i
             groups = self.group if grouped else 1
             mask = continuation_mask(past, k, hidden.dtype, hidden.device, groups)  # [g*k, past + k], all layers
+        elif grouped:  # a tree's mask [1, 1, k, past + k], once per group member, like `continuation_mask`
+            mask = mask.reshape(k, -1).repeat(self.group, 1)  # [g*k, past + k]
         rope = rope_tables(*self.rotary_emb(hidden, position_ids=position_ids))  # once for every layer
         kv = self.kv
 

@@ -10,6 +10,7 @@ import random
 import pytest
 import torch
 
+from drafters import suffix_corpus
 from drafters.suffix import SuffixDrafter
 from drafters.suffix_corpus import CorpusIndex, find_corpus, load_corpus, save_corpus, suffix_order
 from specdraft.check.broken import always_accept
@@ -43,8 +44,11 @@ def test_suffix_order_sorts_every_suffix(seed: int) -> None:
     assert keys == sorted(keys) and sorted(order) == list(range(200))
 
 
+@pytest.mark.parametrize("vectorised", [512, 0], ids=["vectorised", "bisected"])
 @pytest.mark.parametrize("seed", range(6))
-def test_match_equals_brute_force(seed: int) -> None:
+def test_match_equals_brute_force(seed: int, vectorised: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both ways of narrowing a sorted range (one numpy pass; a scalar bisection for wide ranges)."""
+    monkeypatch.setattr(suffix_corpus, "NARROW_VECTORISED", vectorised)
     rng = random.Random(seed)
     vocab, max_match = 2 + seed % 3, 3 + 2 * seed
     seqs = [s for s in random_seqs(rng, 5, vocab) if s]

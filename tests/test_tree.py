@@ -19,6 +19,7 @@ from drafters.medusa_tree import (
 )
 from specdraft.check import chisquare_pvalue
 from specdraft.formats.medusa_heads import load_accuracy
+from specdraft.models import tiny_random_target
 from specdraft.protocol import Draft
 from specdraft.sampling import SamplingConfig
 from specdraft.shipped import ARTIFACTS_DIR
@@ -119,7 +120,13 @@ def test_auto_tree_is_sized_by_the_verify_cost_curve() -> None:
         resolve_tree("auto", None, 3, curve=FLAT)
 
 
-def test_tree_kv_rollback_equals_plain_forward(tiny_target: TargetModel) -> None:
+@pytest.mark.parametrize("kv_heads", [None, 2], ids=["mha", "gqa"])
+def test_tree_kv_rollback_equals_plain_forward(tiny_target: TargetModel, kv_heads: int | None) -> None:
+    """The tree forward's accepted path = a plain forward of it (logits, hidden, cache), also with
+    grouped K/V heads (the fast stack then attends a group's query heads as rows of one attention)."""
+    if kv_heads is not None:
+        tiny_target = tiny_random_target(vocab_size=16, seed=1, num_kv_heads=kv_heads)
+        assert tiny_target.fast  # the fast stack, whose grouped attention this exercises
     prompt = torch.tensor([[3, 1, 4, 1, 5]])
     with torch.inference_mode():
         greedy = tiny_target.model.generate(prompt, max_new_tokens=3, do_sample=False)[0, 5:].tolist()
