@@ -361,6 +361,7 @@ def summarize(
             acceptance_per_position=s.acceptance_per_position,
             mean_accepted_length=s.mean_accepted_length,
             rounds=s.rounds,
+            cached_prompt_tokens=s.cached_prompt_tokens,
             draft_s=s.draft_s,
             verify_s=s.verify_s,
             overhead_s=s.overhead_s,

@@ -108,6 +108,9 @@ def setting_problems(
             check(value)
         except ValueError as err:
             problems.append(str(err))
+    if not is_int_at_least(cfg.get("prefix_cache_tokens", 0), 0):
+        problems.append(f"prefix_cache_tokens must be an integer >= 0 (0 = no prefix caching), got "
+                        f"{cfg.prefix_cache_tokens!r}.")
     return problems
 
 

@@ -43,8 +43,9 @@ def make_decoder(
     cfg: DictConfig, target: TargetModel, drafter: Drafter | None, drafter_cfg: DictConfig | dict | None = None
 ) -> SpeculativeDecoder:
     """The decoder for `drafter` (built from `drafter_cfg`, default `cfg.drafter`) with the run's K
-    setting and sampling. The drafter's config names its measured cost in the cost cache, so every
-    run with the same config on this machine makes the same K choices (seeded runs reproduce)."""
+    setting, sampling and prefix cache. The drafter's config names its measured cost in the cost
+    cache, so every run with the same config on this machine makes the same K choices (seeded runs
+    reproduce)."""
     spec = cfg.get("drafter") if drafter_cfg is None else drafter_cfg
     return SpeculativeDecoder(
         target,
@@ -53,6 +54,7 @@ def make_decoder(
         sampling=make_sampling(cfg.sampling),
         max_draft_tokens=cfg.max_draft_tokens,
         cost_key=None if drafter is None else config_hash(spec),
+        prefix_cache_tokens=cfg.get("prefix_cache_tokens", 0),  # the bench's; a single generation has none
     )
 
 

@@ -33,6 +33,7 @@ from specdraft.draft_length import (
     check_num_draft_tokens,
     make_draft_length_policy,
 )
+from specdraft.prefix_cache import CachedSequence, PrefixCache, common_prefix
 from specdraft.protocol import Draft, DraftContext, Drafter
 from specdraft.sampling import SamplingConfig, warp
 from specdraft.stats import BatchStats, GenerationStats
@@ -92,6 +93,11 @@ class SpeculativeDecoder:
     keep_policy: False (default): every `generate` starts the K policy afresh, so a prompt's K
         choices never depend on the prompts before it. True: one policy learns across calls (a
         server that sees one kind of traffic).
+    prefix_cache_tokens: 0 (default) = every `generate` prefills its whole prompt; > 0 = keep the
+        target's K/V of earlier generations (up to this many positions, `specdraft.prefix_cache`)
+        and prefill only what a new prompt does not share with one of them (prefix caching, as
+        vLLM and SGLang serve by default). Batch size 1; not with a drafter that reads the
+        target's layer features (its head needs every prompt position's features).
 
     Reproducibility: the tokens are a deterministic function of (seed, prompt, settings, measured
     costs); the wall clock never picks K during a generation. With a fixed num_draft_tokens, or with
@@ -116,8 +122,16 @@ class SpeculativeDecoder:
         keep_policy: bool = False,
         draft_cost: float | None = None,
         cost_key: str | None = None,
+        prefix_cache_tokens: int = 0,
     ) -> None:
         num_draft_tokens = check_num_draft_tokens(num_draft_tokens)
+        if not isinstance(prefix_cache_tokens, int) or isinstance(prefix_cache_tokens, bool) or prefix_cache_tokens < 0:
+            raise ValueError(f"prefix_cache_tokens must be an integer >= 0 (0 = no prefix caching), got "
+                             f"{prefix_cache_tokens!r}.")
+        if prefix_cache_tokens and drafter is not None and tuple(drafter.feature_layers):
+            raise ValueError("prefix_cache_tokens > 0 cannot serve a drafter that reads the target's layer features "
+                             "(e.g. eagle): it needs every prompt position's features, which a restored prefix "
+                             "does not recompute; set prefix_cache_tokens=0 for it.")
         check_max_draft_tokens(max_draft_tokens)
         if isinstance(verify_curve, str) or (verify_curve is not None and len(verify_curve) <= max_draft_tokens):
             raise ValueError(
@@ -139,6 +153,8 @@ class SpeculativeDecoder:
         self._kept_policy: DraftLengthPolicy | None = None
         self._kept_bucket = 0  # the largest batch-size bucket the kept policy has costs for
         self._measured_draft_cost: dict[tuple[bool, int], tuple[float, ...]] = {}  # (greedy?, bucket) -> per source
+        self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
+        self._finished: CachedSequence | None = None  # the last generation's K/V, until `learn` keeps it
         if drafter is not None:
             drafter.bind(target)
 
@@ -245,22 +261,30 @@ class SpeculativeDecoder:
         return result
 
     def learn(self, prompt_ids: Tensor | Sequence[int], new_token_ids: Tensor | Sequence[int]) -> dict[str, Any]:
-        """Tell the drafter a generation finished: prompt_ids [T] were answered with new_token_ids
-        [N]. Returns what the drafter now keeps across requests (`Drafter.learn`; {} for most)."""
-        if self.drafter is None:
-            return {}
+        """Tell the decoder a generation finished: prompt_ids [T] were answered with new_token_ids
+        [N]. The prefix cache (if any) keeps the K/V of the last generation as far as it agrees
+        with these tokens; returns what the drafter now keeps across requests (`Drafter.learn`;
+        {} for most)."""
         prompt = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(-1).cpu()
         new = torch.as_tensor(new_token_ids, dtype=torch.long).reshape(-1).cpu()
-        return self.drafter.learn(torch.cat([prompt, new]), prompt.shape[0])  # [T + N]
+        full = torch.cat([prompt, new])  # [T + N]
+        if self.prefix_cache is not None and self._finished is not None:
+            self.prefix_cache.add(self._finished.prefix(common_prefix(self._finished.tokens, full)))
+            self._finished = None
+        if self.drafter is None:
+            return {}
+        return self.drafter.learn(full, prompt.shape[0])
 
     # ------------------------------------------------------------------------------- steps
     def _run(
         self, prompts: list[Tensor], max_new_tokens: int, stop: set[int], sampling: SamplingConfig,
-        policy: DraftLengthPolicy,
+        policy: DraftLengthPolicy, remember: bool = True,
     ) -> BatchResult:
         """The decoding loop for checked prompts [T_i] (see the module docstring). Row i's tokens
         live in buf[i, starts[i]:ends[i]]: prompts are left padded to the longest, so a batch of
-        equal prompts (and batch size 1) keeps one common end and contexts are views."""
+        equal prompts (and batch size 1) keeps one common end and contexts are views.
+        remember: with a prefix cache, restore a shared prefix and copy the finished sequence's
+        K/V for `learn` to keep (False for calibration runs: they neither read nor feed it)."""
         needs_hidden = bool(self.drafter is not None and self.drafter.needs_target_hidden)
         layers = tuple(self.drafter.feature_layers) if self.drafter is not None else ()
         if layers and len(prompts) > 1:
@@ -278,7 +302,13 @@ class SpeculativeDecoder:
         ends = [width] * len(prompts)
         for i, p in enumerate(prompts):
             buf[i, starts[i] : width] = p.to(device)
-        self.target.reset()
+        prefixed = self.prefix_cache is not None and len(prompts) == 1 and remember
+        reused = 0  # prompt positions whose K/V an earlier generation computed (at least one is prefilled)
+        if prefixed:
+            assert self.prefix_cache is not None
+            reused = self.prefix_cache.restore(self.target, prompts[0], limit=width - 2)
+        else:
+            self.target.reset()
         if self.drafter is not None:
             self.drafter.reset()
         hidden = features = None
@@ -286,12 +316,13 @@ class SpeculativeDecoder:
             valid = None
             if any(starts):  # ragged prompts: the padding is masked and has no position
                 valid = torch.arange(width - 1)[None] >= torch.tensor(starts)[:, None]  # [B, P-1]
-            out = self.target.forward(buf[:, : width - 1], num_logits=0, valid=valid, features=layers)
+            out = self.target.forward(buf[:, reused : width - 1], num_logits=0, valid=valid, features=layers)
             hidden = out.hidden[:, -1] if needs_hidden else None  # [B, H]
             features = out.features  # [1, P-1, F] or None
         batch_stats.prefill_s = time.perf_counter() - t_start
         for row in stats:
             row.prefill_s = batch_stats.prefill_s
+            row.cached_prompt_tokens = reused
 
         live = list(range(len(prompts)))  # the rows still generating, in the target's cache order
         generated = [0] * len(prompts)
@@ -382,6 +413,9 @@ class SpeculativeDecoder:
                     stats[i].draft_s += stats_s
                     stats[i].draft_s_per_round[-1] += stats_s
 
+        if prefixed:  # this sequence's K/V, kept for later prompts by `learn`
+            assert self.prefix_cache is not None  # (the cache may also hold a stopped tail: cut to `ends`)
+            self._finished = self.prefix_cache.snapshot(self.target, buf[0, : min(self.target.cache_length, ends[0])])
         batch_stats.total_s = time.perf_counter() - t_start
         results = []
         for i, row in enumerate(stats):
@@ -432,7 +466,7 @@ class SpeculativeDecoder:
         ratios: list[float | None] = []
         for prompt in patterns:
             prompts = [prompt[i % 3 :] for i in range(batch_size)]
-            run = self._run(prompts, new, set(), sampling.with_seed(0), make_draft_length_policy(k))
+            run = self._run(prompts, new, set(), sampling.with_seed(0), make_draft_length_policy(k), remember=False)
             stats = run.results[0].stats  # a round's draft and verify seconds are the batch's
             self.target.reset()
             self.drafter.reset()  # type: ignore[union-attr]

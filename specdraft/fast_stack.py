@@ -342,6 +342,14 @@ class FastStack:
     def layer_tensors(self) -> list[tuple[Tensor, Tensor]]:
         return [] if self.kv is None else self.kv.tensors()
 
+    def load_cache(self, tensors: Sequence[tuple[Tensor, Tensor]]) -> None:
+        """An emptied cache holding (keys, values) [1, kv_heads, n, D] per layer as its first
+        positions (written into the preallocated buffers)."""
+        self.reset(1)
+        assert self.kv is not None
+        for i, (keys, values) in enumerate(tensors):
+            self.kv.append(i, keys, values)
+
     # ------------------------------------------------------------------ compute
     def embed(self, token_ids: Tensor) -> Tensor:  # [B, k] -> [B, k, H]
         return self.embed_tokens(token_ids)

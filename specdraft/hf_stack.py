@@ -83,6 +83,13 @@ class HFStack:
         """(keys, values) [B, kv_heads, length, D] of every layer."""
         return [] if self.cache is None else [(layer.keys, layer.values) for layer in self.cache.layers]
 
+    def load_cache(self, tensors: Sequence[tuple[Tensor, Tensor]]) -> None:
+        """A new cache holding (keys, values) [1, kv_heads, n, D] per layer as its first positions."""
+        self.reset()
+        assert self.cache is not None
+        for i, (keys, values) in enumerate(tensors):
+            self.cache.update(keys, values, i)
+
     # ------------------------------------------------------------------ compute
     def embed(self, token_ids: Tensor) -> Tensor:
         return self.decoder.embed_tokens(token_ids)

@@ -33,6 +33,7 @@ class GenerationStats:
     # verify_s_by_k[k] = [seconds, rounds] of target forwards that scored k draft tokens.
     verify_s_by_k: dict[int, list[float]] = field(default_factory=dict)
     prefill_s: float = 0.0
+    cached_prompt_tokens: int = 0  # prompt positions restored from the prefix cache, not prefilled
     draft_s: float = 0.0  # drafter.propose + drafter.commit
     verify_s: float = 0.0  # the target's scoring forward over [newest] + draft
     total_s: float = 0.0  # wall time of generate(), prefill included

@@ -286,6 +286,19 @@ class TargetModel:
         compare them with a fresh forward)."""
         return self._stack.layer_tensors()
 
+    @torch.inference_mode()  # the fast stack's buffers may be inference tensors: write in that mode
+    def load_cache(self, tensors: Sequence[tuple[Tensor, Tensor]]) -> None:
+        """Start a new sequence whose first n positions are already computed: (keys, values)
+        [1, kv_heads, n, D] of every layer, copied from an earlier `cache_tensors` of the same
+        tokens (`specdraft.prefix_cache`). Batch size 1."""
+        if len(tensors) != self.num_layers or any(k.shape[0] != 1 or k.shape != v.shape for k, v in tensors):
+            raise ValueError(f"load_cache needs (keys, values) [1, kv_heads, n, head_dim] for each of the "
+                             f"{self.num_layers} layers, got {len(tensors)} layers.")
+        if len({k.shape[2] for k, _ in tensors}) != 1:
+            raise ValueError("load_cache needs the same number of positions in every layer.")
+        self.reset()
+        self._stack.load_cache(tensors)
+
     @torch.inference_mode()
     def forward(
         self,

@@ -164,7 +164,7 @@ def test_every_bad_setting_is_reported_at_once(
                     "bench.limit=0", "bench.threads=two", "bench.peers=[hf_prompt_lookup,vllm]",
                     "bench.hf_prompt_lookup_num_tokens=[3,0]",
                     "bench.drafters=[ngram,nodrafter]", "bench.categories=[a,c]",
-                    "num_draft_tokens=many", "max_draft_tokens=-1")
+                    "num_draft_tokens=many", "max_draft_tokens=-1", "prefix_cache_tokens=-5")
     with pytest.raises(ValueError) as err:
         bench.plan_bench(cfg, tmp_path / "out")
     message = str(err.value)
@@ -174,9 +174,10 @@ def test_every_bad_setting_is_reported_at_once(
                      "bench.hf_prompt_lookup_num_tokens=0 must be an integer >= 1",
                      "bench.drafters: unknown drafter config 'nodrafter'",
                      "unknown category 'c' in bench.categories; suite", "has a, b.",
-                     "num_draft_tokens must be an integer >= 0", "max_draft_tokens must be an integer >= 0"):
+                     "num_draft_tokens must be an integer >= 0", "max_draft_tokens must be an integer >= 0",
+                     "prefix_cache_tokens must be an integer >= 0 (0 = no prefix caching), got -5"):
         assert sentence in message, sentence
-    assert "11 problems" in message and model_loads == []
+    assert "12 problems" in message and model_loads == []
     missing = bench_cfg(word_tokenizer_dir, tmp_path / "nope.jsonl", "bench.warmup=-1")
     with pytest.raises(ValueError, match="(?s)2 problems.*warmup=-1.*neither a built-in suite"):
         bench.plan_bench(missing, tmp_path / "out")
@@ -413,6 +414,30 @@ def test_a_remembering_drafter_learns_each_prompt_once_after_its_timed_runs(hydr
     assert memory["suffix"]["tokens"] <= memory["suffix"]["budget_tokens"]
     assert all(r["greedy_match"] is True for r in result["records"])
     assert "## what drafters keep across requests" in (tmp_path / "out" / "results.md").read_text()
+
+
+def test_prefix_caching_reuses_earlier_prompts_never_a_repetition_of_the_same_one(
+    hydra_conf: None, tmp_path: Path
+) -> None:
+    """prefix_cache_tokens > 0: a second turn restores the first turn's conversation (every method
+    from its own earlier run), while repeated timings of one prompt never restore that prompt itself;
+    greedy output stays AR's."""
+    suite = tmp_path / "mt.jsonl"
+    suite.write_text(json.dumps({"question_id": 81, "category": "writing",
+                                 "turns": ["Write a haiku about rain.", "Now make it sadder."]}) + "\n")
+    cfg = compose("bench", overrides=[
+        "target=tiny_random", "suite=file", f"suite.path={suite}", "max_new_tokens=6", "num_draft_tokens=2",
+        "bench.drafters=[ngram,suffix]", "bench.repetitions=2", "bench.warmup=1", "prefix_cache_tokens=4096",
+        "bench.plots=false", "bench.progress=false", "bench.bandwidth_bytes=0"])
+    result = bench.run_bench(cfg, tmp_path / "out")
+    by_key = {(r["prompt"], r["method"]): r for r in result["records"]}
+    methods = ["autoregressive", "ngram", "suffix"]
+    assert set(by_key) == {(p, m) for p in ("81#t1", "81#t2") for m in methods}
+    first = by_key[("81#t1", "ngram")]["prompt_tokens"]
+    for m in methods:
+        assert by_key[("81#t1", m)]["cached_prompt_tokens"] == 0
+        assert first - 2 <= by_key[("81#t2", m)]["cached_prompt_tokens"] < by_key[("81#t2", m)]["prompt_tokens"]
+    assert all(r["greedy_match"] is True for r in result["records"])
 
 
 def test_a_drafter_config_file_of_your_own_runs_beside_the_packaged_one(hydra_conf: None, tmp_path: Path) -> None:
