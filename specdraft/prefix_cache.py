@@ -22,7 +22,7 @@ from torch import Tensor
 from specdraft.target import TargetModel
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared by identity: its fields are tensors
 class CachedSequence:
     """One earlier sequence: its tokens and the target's K/V for them."""
 

@@ -94,6 +94,19 @@ def test_budget_keeps_the_newest_and_learn_keeps_only_what_agrees() -> None:
     assert cache.sequences[-1].tokens.tolist() == FIRST
 
 
+def test_the_longest_shared_prefix_is_restored_and_moves_last() -> None:
+    target = tiny_random_target(vocab_size=16, seed=2)
+    cache = PrefixCache(max_tokens=1000)
+    older, newer = torch.tensor(FIRST + [0] * 6), torch.tensor(FIRST[:18] + [1] * 20)
+    for seq in (older, newer):
+        target.reset()
+        target.forward(seq[None])
+        cache.add(cache.snapshot(target, seq))
+    assert cache.restore(target, torch.tensor(FIRST + [7, 7]), limit=25) == 24  # the older one shares more
+    assert [s.num_tokens for s in cache.sequences] == [38, 30]  # used last: evicted last
+    assert cache.restore(target, torch.tensor([0] * 30), limit=29) == 0 and target.cache_length == 0
+
+
 def test_calibration_runs_neither_read_nor_feed_the_cache() -> None:
     target = tiny_random_target(vocab_size=16, seed=2)
     decoder = SpeculativeDecoder(target, NGramDrafter(), num_draft_tokens="auto", verify_curve=[1.0] * 9,
