@@ -52,7 +52,7 @@ class PrefixCache:
     sequences leave first); see the module docstring.
 
     max_tokens: the budget in cached positions (memory: 2 * layers * kv_heads * head_dim * dtype
-        bytes per position, `bytes_per_token`).
+        bytes per position; `memory_bytes` says what is held).
     min_tokens: the shortest common prefix worth restoring (a copy per layer costs more than
         prefilling a handful of tokens).
     """
