@@ -10,6 +10,8 @@ Tiny random Llama models for tests are built from a config in memory (`tiny_rand
 
 from __future__ import annotations
 
+import copy
+import functools
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -115,8 +117,27 @@ def load_model(
 
 
 def load_tokenizer(name_or_path: str):  # noqa: ANN201 - a transformers tokenizer
-    """The tokenizer that belongs to `name_or_path` (same resolution rules as `load_model`)."""
-    return _from_pretrained(AutoTokenizer, resolve_source(name_or_path))
+    """The tokenizer that belongs to `name_or_path` (same resolution rules as `load_model`). Read
+    once per process and source (a GGUF's tokenizer takes seconds to parse); every call gets its
+    own copy, so changing one never changes another."""
+    src = resolve_source(name_or_path)
+    return copy.deepcopy(_read_tokenizer(src, _modified(src)))
+
+
+def _modified(src: ModelSource) -> float | None:
+    """When a local source last changed (a newer file is read again); None for a hub id."""
+    if src.hub_id:
+        return None
+    path = Path(src.path) / src.gguf_file if src.gguf_file else Path(src.path)
+    if path.is_dir():  # a tokenizer saved into a folder again changes its files, not the folder
+        return max((f.stat().st_mtime for f in path.iterdir() if f.is_file()), default=None)
+    return path.stat().st_mtime if path.exists() else None
+
+
+@functools.lru_cache(maxsize=8)
+def _read_tokenizer(src: ModelSource, modified: float | None):  # noqa: ANN202 - a transformers tokenizer
+    """The tokenizer as read from `src` (memoised per source and modification time)."""
+    return _from_pretrained(AutoTokenizer, src)
 
 
 def load_model_config(name_or_path: str):  # noqa: ANN201 - a transformers PretrainedConfig

@@ -5,11 +5,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import WhitespaceSplit
+from transformers import PreTrainedTokenizerFast
 
-from specdraft.models import load_target, resolve_source, tiny_random_llama
+from specdraft.models import load_target, load_tokenizer, resolve_source, tiny_random_llama
 from specdraft.target import TargetModel
 
 
@@ -61,3 +66,21 @@ def test_target_cache_crop(tiny_target: TargetModel) -> None:
     got = tiny_target.forward(torch.tensor([[7, 8]])).logits
     want = tiny_target.model(torch.tensor([[1, 2, 7, 8]])).logits[:, -2:]
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_tokenizer_is_read_once_and_every_caller_gets_its_own_copy(tmp_path: Path) -> None:
+    """load_tokenizer memoises the parsed tokenizer (a GGUF's takes seconds) but hands out copies,
+    and reads a folder again once its files change."""
+    words = ["<unk>", "a", "b", "c"]
+    backend = Tokenizer(WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>").save_pretrained(tmp_path)
+    tiny_random_llama(vocab_size=16).config.save_pretrained(tmp_path)  # a model folder: config.json too
+    first = load_tokenizer(str(tmp_path))
+    first.add_tokens(["zzz"])
+    second = load_tokenizer(str(tmp_path))
+    assert first is not second and len(second) == 4 and second("a b c").input_ids == [1, 2, 3]
+    later = os.stat(tmp_path / "tokenizer.json").st_mtime + 10
+    first.save_pretrained(tmp_path)  # the folder now holds the tokenizer with "zzz"
+    os.utime(tmp_path / "tokenizer.json", (later, later))
+    assert len(load_tokenizer(str(tmp_path))) == 5
