@@ -22,6 +22,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from specdraft import llamacpp, models
 from specdraft.build import drafter_label
 from specdraft.draft_length import check_max_draft_tokens, check_num_draft_tokens
+from specdraft.prefix_cache import check_prefix_cache_tokens
 from specdraft.suites import SuitePrompt, categories, load_suite
 
 NO_TOKENIZER = ("the target has no tokenizer, and the bench tokenises its suite; use a target config "
@@ -103,14 +104,12 @@ def setting_problems(
     if len(set(labels)) < len(labels):
         problems.append(f"bench.drafters names a drafter twice ({', '.join(names(bench.drafters))}); a config file "
                         "goes by its file name in the results, so give every entry its own name.")
-    for check, value in ((check_num_draft_tokens, cfg.num_draft_tokens), (check_max_draft_tokens, cfg.max_draft_tokens)):
+    for check, value in ((check_num_draft_tokens, cfg.num_draft_tokens), (check_max_draft_tokens, cfg.max_draft_tokens),
+                         (check_prefix_cache_tokens, cfg.get("prefix_cache_tokens", 0))):
         try:
             check(value)
         except ValueError as err:
             problems.append(str(err))
-    if not is_int_at_least(cfg.get("prefix_cache_tokens", 0), 0):
-        problems.append(f"prefix_cache_tokens must be an integer >= 0 (0 = no prefix caching), got "
-                        f"{cfg.prefix_cache_tokens!r}.")
     return problems
 
 

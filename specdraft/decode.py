@@ -33,7 +33,7 @@ from specdraft.draft_length import (
     check_num_draft_tokens,
     make_draft_length_policy,
 )
-from specdraft.prefix_cache import CachedSequence, PrefixCache, common_prefix
+from specdraft.prefix_cache import CachedSequence, PrefixCache, check_prefix_cache_tokens, common_prefix
 from specdraft.protocol import Draft, DraftContext, Drafter
 from specdraft.sampling import SamplingConfig, warp
 from specdraft.stats import BatchStats, GenerationStats
@@ -125,9 +125,7 @@ class SpeculativeDecoder:
         prefix_cache_tokens: int = 0,
     ) -> None:
         num_draft_tokens = check_num_draft_tokens(num_draft_tokens)
-        if not isinstance(prefix_cache_tokens, int) or isinstance(prefix_cache_tokens, bool) or prefix_cache_tokens < 0:
-            raise ValueError(f"prefix_cache_tokens must be an integer >= 0 (0 = no prefix caching), got "
-                             f"{prefix_cache_tokens!r}.")
+        check_prefix_cache_tokens(prefix_cache_tokens)
         if prefix_cache_tokens and drafter is not None and tuple(drafter.feature_layers):
             raise ValueError("prefix_cache_tokens > 0 cannot serve a drafter that reads the target's layer features "
                              "(e.g. eagle): it needs every prompt position's features, which a restored prefix "

@@ -14,6 +14,7 @@ target's (greedy output equals a fresh prefill's up to floating-point summation 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -37,7 +38,19 @@ class CachedSequence:
         """The first n positions (copies, so the rest is freed)."""
         if n >= self.num_tokens:
             return self
-        return CachedSequence(self.tokens[:n].clone(), tuple((k[:, :, :n].clone(), v[:, :, :n].clone()) for k, v in self.kv))
+        return CachedSequence(self.tokens[:n].clone(), first_positions(self.kv, n))
+
+
+def first_positions(kv: Sequence[tuple[Tensor, Tensor]], n: int) -> tuple[tuple[Tensor, Tensor], ...]:
+    """Copies of the first n positions of every layer's (keys, values) [1, kv_heads, L, D]."""
+    return tuple((k[:, :, :n].clone(), v[:, :, :n].clone()) for k, v in kv)
+
+
+def check_prefix_cache_tokens(value: int) -> int:
+    """`prefix_cache_tokens` validated: an int >= 0, the prefix cache's budget in positions (0 = none)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"prefix_cache_tokens must be an integer >= 0 (0 = no prefix caching), got {value!r}.")
+    return value
 
 
 def common_prefix(a: Tensor, b: Tensor) -> int:
@@ -105,7 +118,7 @@ class PrefixCache:
         layers = target.cache_tensors()
         if any(k.shape[0] != 1 or k.shape[2] < n for k, _ in layers):
             raise ValueError(f"the target's cache must hold one sequence of at least {n} positions to keep them.")
-        return CachedSequence(tokens, tuple((k[:, :, :n].clone(), v[:, :, :n].clone()) for k, v in layers))
+        return CachedSequence(tokens, first_positions(layers, n))
 
     def add(self, seq: CachedSequence) -> None:
         """Keep `seq`: kept sequences that are prefixes of it are replaced, and the oldest leave
