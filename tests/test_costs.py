@@ -29,7 +29,15 @@ def test_measured_curve_is_relative_to_one_position(tmp_path: Path, monkeypatch:
     assert len(curve) == 5 and curve[0] == 1.0 and all(c > 0 for c in curve)
     assert target.cache_length == 0  # measuring leaves no trace in the cache
     table = json.loads((tmp_path / costs.CACHE_FILE).read_text())
-    assert table == {f"verify_curve|{costs.cost_key(target)}": curve}
+    assert table == {f"verify_curve|{costs.CURVE_METHOD}|{costs.cost_key(target)}": curve}
+
+
+def test_the_curve_is_the_fastest_sweep_and_never_falls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A busy moment (one slow sweep) must not make a draft length look dear; a length measured
+    cheaper than a shorter one costs as much as the shorter one."""
+    fake = {("target", 1): [1.0, 5.0, 1.0], ("target", 2): [1.2, 1.2, 9.0], ("target", 3): [1.1, 3.0, 1.1]}
+    monkeypatch.setattr(costs, "time_forwards", lambda *a, **k: fake)
+    assert costs.measure_verify_curve(tiny_random_target(), 2, reps=3) == pytest.approx([1.0, 1.2, 1.2])
 
 
 def test_cached_curve_is_reused_and_keyed_by_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
