@@ -36,7 +36,7 @@ from drafters.suffix import SuffixDrafter
 from specdraft import costs
 from specdraft.bench import Run, answer_text, visible_text
 from specdraft.decode import SpeculativeDecoder
-from specdraft.draft_length import make_draft_length_policy
+from specdraft.draft_length import make_draft_length_policy, non_decreasing
 from specdraft.models import load_target
 from specdraft.protocol import Draft, DraftContext, Drafter
 from specdraft.sampling import SamplingConfig
@@ -235,8 +235,7 @@ def main() -> None:
         args.outputs.write_text(json.dumps(record_outputs(args.suites, args.max_new_tokens)))
     records = json.loads(args.outputs.read_text())
     target = load_target("smollm2-135m", device="cpu")
-    raw = costs.verify_curve(target, 32)
-    curve = [max(raw[: i + 1]) for i in range(len(raw))]  # non-decreasing, as the K policy takes it
+    curve = non_decreasing(costs.verify_curve(target, 32))  # as the K policy takes it
     rows = {
         "ngram (auto)": replay(records, NGramDrafter, target, curve, None),
         "suffix": replay(records, SuffixDrafter, target, curve, 8),  # it sizes its own drafts: offered 8 every round

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from specdraft.draft_length import non_decreasing
 from specdraft.files import cache_dir, write_text_atomically
 from specdraft.target import TargetModel
 
@@ -105,8 +106,7 @@ def measure_verify_curve(target: TargetModel, max_k: int, context: int = 256, re
     times = time_forwards({"target": target}, ids, context, range(1, max_k + 2), reps)
     target.reset()
     fastest = [min(times["target", k + 1]) for k in range(max_k + 1)]
-    curve = [t / fastest[0] for t in fastest]
-    return [max(curve[: k + 1]) for k in range(max_k + 1)]  # verifying more never costs less
+    return non_decreasing([t / fastest[0] for t in fastest])
 
 
 def verify_curve(target: TargetModel, max_k: int, batch_size: int = 1) -> list[float]:

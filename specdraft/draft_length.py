@@ -62,9 +62,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Protocol
 
 from specdraft.theory import expected_tokens_from_profile
+
+
+def non_decreasing(costs: Sequence[float]) -> list[float]:
+    """costs[k] raised to the largest of costs[0..k]: verifying more positions never really costs
+    less, and a measured dip would make a longer draft look free."""
+    return list(accumulate((float(c) for c in costs), max))
 
 
 class DraftLengthPolicy(Protocol):
@@ -158,7 +165,7 @@ class CostModelDraftLength:
                 f"costs T_v(k)/T_v(0), k = 0..max_k, got {values}; use "
                 "specdraft.costs.verify_curve(target, max_k, batch_size)."
             )
-        return [max(values[: i + 1]) for i in range(len(values))]
+        return non_decreasing(values)
 
     def _measured_size(self, batch_size: int) -> int:
         """The batch size whose costs a round of `batch_size` rows reads: the smallest measured
