@@ -4,14 +4,19 @@ Each round the drafter looks up the longest suffix of the committed tokens (up t
 tokens) in two indexes (`drafters.suffix_index`): the current request's prompt + output, and a
 global store of earlier requests' outputs bounded by `store_tokens`; and in a read-only corpus of
 the target's earlier answers (`drafters.suffix_corpus`, `corpus`). The continuations that followed
-the matched occurrences are merged into a counted tree; the speculation is its most frequent nodes
-(a node's probability = the share of occurrences that continue through it, >= `min_prob`), at most
-`spec_factor * match length + spec_offset` deep (a long match earns a long draft), from whichever
-index promises more accepted tokens. The number of nodes is the one that maximises expected tokens
-per unit of verify time on the target's measured verify-cost curve, so a hopeless guess is not
-verified at all. The default proposes the most frequent chain through that tree; `tree=true` proposes the
-tree itself (one forward with a tree mask; on the CPU target a tree round costs more than the chain
-curve says, so the chain is the default: benchmarks/RESULTS.md, "Suffix decoding").
+the matched occurrences are merged into a counted tree; the speculation is its most probable nodes
+(a node's probability = the share of occurrences that continue through it x the source's trust to
+the power of its depth, >= `min_prob`), at most `spec_factor * match length + spec_offset` deep (a
+long match earns a long draft), from whichever index promises more accepted tokens. Shares alone are
+overconfident (one earlier occurrence promises every token of its copy), and how well a source
+guesses differs per request (an extraction copies its own prompt, not the corpus's answers), so each
+request keeps a trust per source (`SourceTrust`): it starts at `trust_prior` and follows the tokens
+the target kept over those that source's drafts promised in this request. The number of nodes is
+the one that maximises expected tokens per unit of verify time on the target's measured
+verify-cost curve, so a hopeless guess is not verified at all. The default proposes the most
+probable chain through that tree; `tree=true` proposes the tree itself (one forward with a tree
+mask; on the CPU target a tree round costs more than the chain curve says, so the chain is the
+default: benchmarks/RESULTS.md, "Suffix decoding").
 
 Batched (`generate_batch`): every row has its own local index (its own prompt + output); the store
 is shared. Each row drafts its most frequent chain, sized by the same rule, and shorter rows are
@@ -29,6 +34,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -55,6 +61,31 @@ def expected_tokens(nodes: Sequence[Candidate]) -> float:
     return 1.0 + sum(n.prob for n in nodes)
 
 
+@dataclass
+class SourceTrust:
+    """One request's trust in each source's guesses: the per-token discount of its copies,
+    (kept + weight x prior) / (promised + weight) over the rounds it drafted in this request
+    (promised = the drafted nodes' probabilities, as discounted when drafted; kept = the tokens the
+    target accepted), at most 1. prior = None: no discount (occurrence shares only)."""
+
+    prior: float | None
+    weight: float
+    promised: dict[str, float] = field(default_factory=dict)
+    kept: dict[str, float] = field(default_factory=dict)
+
+    def of(self, source: str) -> float:
+        """The per-token discount of `source`'s guesses now."""
+        if self.prior is None:
+            return 1.0
+        kept = self.kept.get(source, 0.0) + self.weight * self.prior
+        return min(1.0, kept / (self.promised.get(source, 0.0) + self.weight))
+
+    def observe(self, source: str, promised: float, kept: int) -> None:
+        """A verified round drafted from `source`: its nodes promised `promised` tokens, the target kept `kept`."""
+        self.promised[source] = self.promised.get(source, 0.0) + promised
+        self.kept[source] = self.kept.get(source, 0.0) + kept
+
+
 class SuffixDrafter:
     """Suffix-decoding drafter. `specdraft-generate drafter=suffix` (module docstring).
 
@@ -79,6 +110,8 @@ class SuffixDrafter:
     corpus_min_match: the shortest match the corpus may draft from.
     corpus_prior: pseudo-occurrences added to a corpus match's count, so a context seen once or
         twice in millions of tokens promises a fraction of a token, not certainty.
+    trust_prior, trust_weight: a source's per-token trust at the start of a request, and how many
+        promised tokens that prior is worth (`SourceTrust`); trust_prior=None: no trust discount.
 
     Trees at batch size 1 only: the decoder verifies a tree with one tree mask for the whole batch
     (`specdraft.tree`), so at B > 1 every row drafts its best chain instead, even with tree=true.
@@ -110,6 +143,8 @@ class SuffixDrafter:
         corpus_tokens: int = 8_000_000,
         corpus_min_match: int = 2,
         corpus_prior: float = 2.0,
+        trust_prior: float | None = 0.8,
+        trust_weight: float = 16.0,
     ) -> None:
         problems = []
         for name, value, low in (("anchor", anchor, 1), ("max_match", max_match, 1),
@@ -122,6 +157,11 @@ class SuffixDrafter:
             problems.append(f"min_prob must be in [0, 1], got {min_prob!r}")
         if isinstance(corpus_prior, bool) or not isinstance(corpus_prior, (int, float)) or corpus_prior < 0:
             problems.append(f"corpus_prior must be a number >= 0 (pseudo-occurrences), got {corpus_prior!r}")
+        if trust_prior is not None and (isinstance(trust_prior, bool) or not isinstance(trust_prior, (int, float))
+                                        or not 0.0 < trust_prior <= 1.0):
+            problems.append(f"trust_prior must be in (0, 1] or null (no trust discount), got {trust_prior!r}")
+        if isinstance(trust_weight, bool) or not isinstance(trust_weight, (int, float)) or trust_weight <= 0:
+            problems.append(f"trust_weight must be a number > 0 (promised tokens the prior is worth), got {trust_weight!r}")
         if spec_factor < 0 or spec_offset < 0:
             problems.append(f"spec_factor and spec_offset must be >= 0, got {spec_factor!r}, {spec_offset!r}")
         if problems:
@@ -132,6 +172,8 @@ class SuffixDrafter:
         self.store_tokens, self.store_min_match = store_tokens, store_min_match
         self.corpus_spec, self.corpus_tokens, self.corpus_min_match = corpus, corpus_tokens, corpus_min_match
         self.corpus_prior = float(corpus_prior)
+        self.trust_prior = None if trust_prior is None else float(trust_prior)
+        self.trust_weight = float(trust_weight)
         self.corpus: CorpusIndex | None = None  # loaded at bind (`find_corpus`: which one depends on the target)
         self._corpus_dir: Path | None = None
         self.store: SuffixIndex | None = SuffixIndex(anchor, store_tokens) if store_tokens else None
@@ -141,6 +183,8 @@ class SuffixDrafter:
         self._curve: list[float] | None = None
         self._target: TargetModel | None = None
         self.locals: list[SuffixIndex] = []  # one local index per row of the current batch
+        self.trusts: list[SourceTrust] = []  # one per row: its request's trust in each source
+        self._pending: list[tuple[str, float] | None] = []  # per row: (source, promised tokens) until commit
         self.reset()
 
     # ------------------------------------------------------------------------------- protocol
@@ -165,8 +209,8 @@ class SuffixDrafter:
         return self.locals[0]
 
     def reset(self) -> None:
-        """A new request (or batch): empty local indexes (the store keeps what it learned)."""
-        self.locals = [self._new_local()]
+        """A new request (or batch): empty local indexes and fresh trust (the store keeps what it learned)."""
+        self._new_rows(1)
 
     def source_of(self, ctx: DraftContext) -> list[int]:
         """One source."""
@@ -175,19 +219,18 @@ class SuffixDrafter:
     def propose(self, ctx: DraftContext, num_tokens: int) -> Draft:
         self._catch_up(ctx)
         device = ctx.token_ids.device
-        curve = self._verify_curve()
-        if len(self.locals) == 1:
-            nodes = self.speculate(self.locals[0].sequences[0], min(num_tokens, MAX_NODES))
-            nodes = nodes[: costs.nodes_worth_verifying([n.prob for n in nodes], curve)]
+        tree = self.tree and len(self.locals) == 1  # the decoder verifies trees at batch size 1 only
+        rounds = [self._round(local, trust, min(num_tokens, MAX_NODES), tree)
+                  for local, trust in zip(self.locals, self.trusts)]
+        self._pending = [(source, sum(n.prob for n in nodes)) if nodes else None for nodes, source in rounds]
+        if len(rounds) == 1:
+            nodes = rounds[0][0]
             ids = torch.tensor([[n.token for n in nodes]], dtype=torch.long, device=device).reshape(1, len(nodes))  # [1, N]
-            if not self.tree:
+            if not tree:
                 return Draft(token_ids=ids)
             parents = torch.tensor([[n.parent for n in nodes]], dtype=torch.long, device=device).reshape(1, len(nodes))
             return Draft(token_ids=ids, parents=parents)  # [1, N] each
-        chains = []  # a chain per row: the decoder verifies trees at batch size 1 only
-        for local in self.locals:
-            nodes = self.speculate(local.sequences[0], min(num_tokens, MAX_NODES), local=local, tree=False)
-            chains.append([n.token for n in nodes[: costs.nodes_worth_verifying([n.prob for n in nodes], curve)]])
+        chains = [[n.token for n in nodes] for nodes, _ in rounds]  # a chain per row
         counts = [len(c) for c in chains]
         k = max(counts)
         ids = torch.tensor([c + [0] * (k - len(c)) for c in chains], dtype=torch.long, device=device)
@@ -195,10 +238,19 @@ class SuffixDrafter:
         return Draft(token_ids=ids.reshape(len(chains), k), lengths=lengths)  # [B, K], [B]
 
     def commit(self, ctx: DraftContext, num_accepted: Sequence[int]) -> None:
+        """Each row's trust learns what the target kept of the source it drafted from; then the
+        committed tokens are indexed."""
+        pending, self._pending = self._pending, []
+        if len(pending) == len(self.trusts) == len(num_accepted):
+            for trust, round_, kept in zip(self.trusts, pending, num_accepted):
+                if round_ is not None:
+                    trust.observe(round_[0], round_[1], int(kept))
         self._catch_up(ctx)
 
     def keep_rows(self, rows: Sequence[int]) -> None:
         self.locals = [self.locals[r] for r in rows]
+        self.trusts = [self.trusts[r] for r in rows]
+        self._pending = [self._pending[r] for r in rows] if self._pending else []
 
     def learn(self, token_ids: Tensor, prompt_len: int) -> dict[str, Any]:
         """Remember a finished generation's output (token_ids [T] = prompt + output) in the store;
@@ -214,13 +266,24 @@ class SuffixDrafter:
                   tree: bool | None = None) -> list[Candidate]:
         """The best candidates (best first, parents first) continuing `context`, from the local
         index (`local`, default row 0's), the store or the corpus, whichever promises the most
-        accepted tokens; a chain unless `tree` (default: the drafter's tree option)."""
+        accepted tokens under row 0's trust; a chain unless `tree` (default: the drafter's tree option)."""
         local = self.locals[0] if local is None else local
-        tree = self.tree if tree is None else tree
+        return self._speculate(context, max_nodes, local, self.trusts[0], self.tree if tree is None else tree)[0]
+
+    def _round(self, local: SuffixIndex, trust: SourceTrust, max_nodes: int, tree: bool) -> tuple[list[Candidate], str]:
+        """A row's speculation (its local index holds its committed tokens), cut to the nodes worth
+        verifying on the target's verify-cost curve, and the source it came from."""
+        nodes, source = self._speculate(local.sequences[0], max_nodes, local, trust, tree)
+        return nodes[: costs.nodes_worth_verifying([n.prob for n in nodes], self._verify_curve())], source
+
+    def _speculate(self, context: Sequence[int], max_nodes: int, local: SuffixIndex, trust: SourceTrust,
+                   tree: bool) -> tuple[list[Candidate], str]:
+        """`speculate` with the winning source's name ("" when nothing matched)."""
         best: list[Candidate] = []
-        sources = ((local, 1, 0.0), (self.store, self.store_min_match, 0.0),
-                   (self.corpus, self.corpus_min_match, self.corpus_prior))  # (index, shortest match, prior)
-        for index, min_match, prior in sources:
+        best_source = ""
+        sources = (("request", local, 1, 0.0), ("store", self.store, self.store_min_match, 0.0),
+                   ("corpus", self.corpus, self.corpus_min_match, self.corpus_prior))  # (name, index, shortest match, prior)
+        for name, index, min_match, prior in sources:
             if index is None:
                 continue
             match = index.match(context, self.max_match, self.max_occurrences)
@@ -228,11 +291,17 @@ class SuffixDrafter:
                 continue
             depth = min(int(self.spec_factor * match.length + self.spec_offset), max_nodes)
             windows = index.continuations(match, depth)
-            nodes = (continuation_tree(windows, max_nodes, self.min_prob, prior) if tree
-                     else best_chain(windows, self.min_prob, prior))
+            nodes = (continuation_tree(windows, max_nodes, self.min_prob, prior, trust.of(name)) if tree
+                     else best_chain(windows, self.min_prob, prior, trust.of(name)))
             if expected_tokens(nodes) > expected_tokens(best):
-                best = nodes
-        return best
+                best, best_source = nodes, name
+        return best, best_source
+
+    def _new_rows(self, batch_size: int) -> None:
+        """Empty local indexes and fresh trust for a new batch of requests."""
+        self.locals = [self._new_local() for _ in range(batch_size)]
+        self.trusts = [SourceTrust(self.trust_prior, self.trust_weight) for _ in range(batch_size)]
+        self._pending = []
 
     def _new_local(self) -> SuffixIndex:
         """An empty local index whose one growing sequence (id 0) is a row's prompt + output."""
@@ -245,7 +314,7 @@ class SuffixDrafter:
         request; another batch size than the indexes have, without `keep_rows`, is a new batch)."""
         b = ctx.batch_size
         if len(self.locals) != b:
-            self.locals = [self._new_local() for _ in range(b)]
+            self._new_rows(b)
         have = [len(local.sequences[0]) for local in self.locals]
         if any(n < h for n, h in zip(ctx.row_lengths(), have)):
             raise ValueError("the committed tokens shrank within a request; call reset() for a new prompt.")

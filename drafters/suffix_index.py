@@ -188,14 +188,15 @@ class SuffixIndex:
 
 
 def continuation_tree(windows: Iterable[Sequence[int]], max_nodes: int, min_prob: float,
-                      prior: float = 0.0) -> list[Candidate]:
+                      prior: float = 0.0, trust: float = 1.0) -> list[Candidate]:
     """The windows' continuations merged into a tree of counted candidates: the (at most
     max_nodes) most probable nodes with probability >= min_prob, parents before children.
 
-    A node's probability is count(node) / (number of windows + prior): `prior` pseudo-windows that
-    continue with none of the candidates keep a few occurrences from promising certainty. Counts
-    never grow down a path, so the most probable nodes always include their ancestors and
-    best-first order is parent-first.
+    A node's probability is count(node) / (number of windows + prior) x trust^depth: `prior`
+    pseudo-windows that continue with none of the candidates keep a few occurrences from promising
+    certainty, and `trust` (<= 1) discounts every further token of a copy. Both never grow down a
+    path, so the most probable nodes always include their ancestors and best-first order is
+    parent-first.
     """
     windows = [w for w in windows if w]
     if not windows or max_nodes <= 0:
@@ -206,21 +207,23 @@ def continuation_tree(windows: Iterable[Sequence[int]], max_nodes: int, min_prob
             key = tuple(w[:d])
             counts[key] = counts.get(key, 0) + 1
     total = len(windows) + prior
-    # most frequent first; ties: shallower first (a parent before its child), then the token order
-    ranked = heapq.nsmallest(max_nodes, ((-c, len(k), k) for k, c in counts.items() if c / total >= min_prob))
+    scored = ((-c / total * trust ** len(k), len(k), k) for k, c in counts.items())
+    # most probable first; ties: shallower first (a parent before its child), then the token order
+    ranked = heapq.nsmallest(max_nodes, (s for s in scored if -s[0] >= min_prob))
     index: dict[tuple[int, ...], int] = {}
     out: list[Candidate] = []
     for neg, depth, key in ranked:
         index[key] = len(out)
-        out.append(Candidate(token=key[-1], parent=index[key[:-1]] if depth > 1 else -1,
-                             depth=depth, prob=-neg / total))
+        out.append(Candidate(token=key[-1], parent=index[key[:-1]] if depth > 1 else -1, depth=depth, prob=-neg))
     return out
 
 
-def best_chain(windows: Iterable[Sequence[int]], min_prob: float, prior: float = 0.0) -> list[Candidate]:
+def best_chain(windows: Iterable[Sequence[int]], min_prob: float, prior: float = 0.0,
+               trust: float = 1.0) -> list[Candidate]:
     """The most frequent chain through the windows: at every depth the token that most of the
-    windows agreeing so far continue with (ties: the smaller token id), while its share of all
-    windows (plus `prior` pseudo-windows, as in `continuation_tree`) stays >= min_prob."""
+    windows agreeing so far continue with (ties: the smaller token id), while its probability (its
+    share of all windows plus `prior` pseudo-windows, x trust^depth, as in `continuation_tree`)
+    stays >= min_prob."""
     alive = [w for w in windows if w]
     total = len(alive) + prior
     chain: list[Candidate] = []
@@ -233,8 +236,9 @@ def best_chain(windows: Iterable[Sequence[int]], min_prob: float, prior: float =
         if not counts:
             break
         token, count = min(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-        if count / total < min_prob:
+        prob = count / total * trust ** (d + 1)
+        if prob < min_prob:
             break
-        chain.append(Candidate(token=token, parent=d - 1, depth=d + 1, prob=count / total))
+        chain.append(Candidate(token=token, parent=d - 1, depth=d + 1, prob=prob))
         alive = [w for w in alive if len(w) > d and w[d] == token]
     return chain

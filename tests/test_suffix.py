@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from drafters.suffix import SuffixDrafter, expected_tokens
+from drafters.suffix import SourceTrust, SuffixDrafter, expected_tokens
 from drafters.suffix_index import Candidate, Match, SuffixIndex, best_chain, continuation_tree
 from specdraft.check.broken import always_accept
 from specdraft.costs import nodes_worth_verifying
@@ -128,6 +128,46 @@ def test_best_chain_follows_the_majority() -> None:
     assert [c.prob for c in chain] == [0.8, 0.6, 0.4]
 
 
+def test_trust_discounts_every_further_token() -> None:
+    windows = [[1, 2, 3], [1, 2, 4], [1, 5], [6], [1, 2, 3]]
+    chain = best_chain(windows, min_prob=0.0, trust=0.5)
+    assert [c.prob for c in chain] == pytest.approx([0.8 * 0.5, 0.6 * 0.25, 0.4 * 0.125])
+    assert [c.token for c in best_chain(windows, min_prob=0.1, trust=0.5)] == [1, 2]  # 0.05 < min_prob
+    nodes = continuation_tree(windows, max_nodes=10, min_prob=0.0, trust=0.5)
+    paths: list[tuple[int, ...]] = []
+    for i, n in enumerate(nodes):
+        assert n.parent < i  # still parents first
+        paths.append((n.token,) if n.parent < 0 else (*paths[n.parent], n.token))
+    # ranked by the discounted probability: the shallow rare (6,) now comes before the deep frequent (1, 2, 3)
+    assert paths == [(1,), (1, 2), (6,), (1, 5), (1, 2, 3), (1, 2, 4)]
+    assert [n.prob for n in nodes] == pytest.approx([0.4, 0.15, 0.1, 0.05, 0.05, 0.025])
+
+
+def test_source_trust_follows_what_the_target_kept() -> None:
+    trust = SourceTrust(prior=0.8, weight=4.0)
+    assert trust.of("corpus") == pytest.approx(0.8)  # before any evidence: the prior
+    trust.observe("corpus", promised=4.0, kept=0)
+    assert trust.of("corpus") == pytest.approx(3.2 / 8.0)
+    assert trust.of("request") == pytest.approx(0.8)  # every source has its own
+    trust.observe("request", promised=2.0, kept=6)
+    assert trust.of("request") == 1.0  # never above the occurrence shares
+    assert SourceTrust(prior=None, weight=4.0).of("corpus") == 1.0  # no discount
+
+
+def test_a_source_that_keeps_missing_drafts_less_in_this_request_only() -> None:
+    drafter = SuffixDrafter(anchor=2, store_tokens=0, corpus=None, trust_prior=0.8, trust_weight=2.0)
+    drafter.bind(flat_costs(tiny_random_target(vocab_size=16, seed=1)))
+    ctx = DraftContext(torch.tensor([[1, 2, 3, 4, 5, 6, 1, 2]]), None, SamplingConfig(), torch.Generator())
+    sizes = []
+    for _ in range(6):  # [1, 2] matched: 3 deep, 0.8 / 0.64 / 0.51 at first; the target keeps none of it
+        sizes.append(drafter.propose(ctx, 8).num_tokens)
+        drafter.commit(ctx, [0])
+    assert sizes[0] == 3 and sizes[-1] == 1 and sizes == sorted(sizes, reverse=True)  # min_prob cuts the deep ones
+    assert drafter.trusts[0].of("request") < 0.3
+    drafter.reset()  # a new request starts from the prior again
+    assert drafter.propose(ctx, 8).num_tokens == 3
+
+
 def test_nodes_are_verified_only_while_they_pay() -> None:
     nodes = [Candidate(1, -1, 1, 0.9), Candidate(2, 0, 2, 0.8), Candidate(3, 1, 3, 0.05)]
     flat = [1.0, 1.0, 1.0, 1.0]
@@ -145,6 +185,10 @@ def test_settings_are_checked() -> None:
         SuffixDrafter(anchor=0)
     with pytest.raises(ValueError, match="min_prob must be in"):
         SuffixDrafter(min_prob=2.0)
+    with pytest.raises(ValueError, match="trust_prior must be in"):
+        SuffixDrafter(trust_prior=0.0)
+    with pytest.raises(ValueError, match="trust_weight must be a number > 0"):
+        SuffixDrafter(trust_weight=0)
     with pytest.raises(ValueError, match="no such file"):
         SuffixDrafter(store_path="/nonexistent/store.json")
 
