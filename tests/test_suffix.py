@@ -155,7 +155,8 @@ def test_source_trust_follows_what_the_target_kept() -> None:
 
 
 def test_a_source_that_keeps_missing_drafts_less_in_this_request_only() -> None:
-    drafter = SuffixDrafter(anchor=2, store_tokens=0, corpus=None, trust_prior=0.8, trust_weight=2.0)
+    drafter = SuffixDrafter(anchor=2, store_tokens=0, corpus=None, spec_factor=1.0, spec_offset=1.0, trust_prior=0.8,
+                            trust_weight=2.0)
     drafter.bind(flat_costs(tiny_random_target(vocab_size=16, seed=1)))
     ctx = DraftContext(torch.tensor([[1, 2, 3, 4, 5, 6, 1, 2]]), None, SamplingConfig(), torch.Generator())
     sizes = []
