@@ -198,6 +198,7 @@ def continuation_tree(windows: Iterable[Sequence[int]], max_nodes: int, min_prob
     path, so the most probable nodes always include their ancestors and best-first order is
     parent-first.
     """
+    check_trust(trust)
     windows = [w for w in windows if w]
     if not windows or max_nodes <= 0:
         return []
@@ -224,6 +225,7 @@ def best_chain(windows: Iterable[Sequence[int]], min_prob: float, prior: float =
     windows agreeing so far continue with (ties: the smaller token id), while its probability (its
     share of all windows plus `prior` pseudo-windows, x trust^depth, as in `continuation_tree`)
     stays >= min_prob."""
+    check_trust(trust)
     alive = [w for w in windows if w]
     total = len(alive) + prior
     chain: list[Candidate] = []
@@ -242,3 +244,9 @@ def best_chain(windows: Iterable[Sequence[int]], min_prob: float, prior: float =
         chain.append(Candidate(token=token, parent=d - 1, depth=d + 1, prob=prob))
         alive = [w for w in alive if len(w) > d and w[d] == token]
     return chain
+
+
+def check_trust(trust: float) -> None:
+    """A per-token discount must lie in (0, 1]: above 1 a child could outrank its parent."""
+    if not 0.0 < trust <= 1.0:
+        raise ValueError(f"trust must be in (0, 1] (a per-token discount), got {trust!r}.")

@@ -141,6 +141,8 @@ def test_trust_discounts_every_further_token() -> None:
     # ranked by the discounted probability: the shallow rare (6,) now comes before the deep frequent (1, 2, 3)
     assert paths == [(1,), (1, 2), (6,), (1, 5), (1, 2, 3), (1, 2, 4)]
     assert [n.prob for n in nodes] == pytest.approx([0.4, 0.15, 0.1, 0.05, 0.05, 0.025])
+    with pytest.raises(ValueError, match=r"trust must be in \(0, 1\]"):
+        best_chain(windows, min_prob=0.0, trust=1.5)
 
 
 def test_source_trust_follows_what_the_target_kept() -> None:
