@@ -373,3 +373,19 @@ def test_batch_drafts_a_chain_per_row_even_with_tree() -> None:
     drafter.keep_rows([1])  # row 1 alone, with its own index: a tree again at batch size 1
     alone = drafter.propose(DraftContext(tokens[1:], None, SamplingConfig(), torch.Generator()), 8)
     assert alone.parents is not None and alone.token_ids[0, :3].tolist() == [5, 6, 4]
+
+
+def test_every_row_keeps_its_own_trust() -> None:
+    """Row 1's copies are all kept, row 0's none: each row's trust follows its own rounds, and
+    `keep_rows` keeps the surviving row's."""
+    drafter = SuffixDrafter(anchor=2, min_prob=0.0, store_tokens=0, corpus=None)
+    drafter.bind(flat_costs(tiny_random_target(vocab_size=16, seed=1)))
+    tokens = torch.tensor([[0, 0, 1, 2, 3, 1, 2], [4, 5, 6, 4, 5, 6, 4]])
+    ctx = DraftContext(tokens, None, SamplingConfig(), torch.Generator(), lengths=(5, 7))
+    draft = drafter.propose(ctx, 8)
+    lengths = [draft.num_tokens] * 2 if draft.lengths is None else draft.lengths.tolist()
+    drafter.commit(ctx, [0, lengths[1]])
+    assert drafter.trusts[0].of("request") < 0.8 < drafter.trusts[1].of("request")
+    kept = drafter.trusts[1].of("request")
+    drafter.keep_rows([1])
+    assert len(drafter.trusts) == 1 and drafter.trusts[0].of("request") == kept
