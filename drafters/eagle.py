@@ -16,11 +16,16 @@ over its draft vocabulary expanded to the target's ids, and verification is exac
 sampled decoding alike.
 
 `tree` ("auto" or N; the default None is a chain: chain vs tree on CPU is in benchmarks/RESULTS.md)
-drafts an EAGLE-2 dynamic tree (`drafters.eagle_tree`): up to `tree_depth` tokens deep and at most
-the round's K nodes (one verify forward scores them), each depth expands the `tree_topk` most
-probable paths (all of a depth in one head pass, with a tree mask over the head's cache), and the
-best nodes are kept, as many as the target's measured verify-cost curve pays for. The candidates are deterministic, so the tree verifier
-(`specdraft.tree`) keeps the output exact at any temperature.
+drafts an EAGLE-2 dynamic tree (`drafters.eagle_tree`): up to `tree_depth` tokens deep and never
+deeper than the round's K (the K policy sizes a tree's depth, as it sizes a chain's length), each
+depth expands the `tree_topk` most probable paths (all of a depth in one head pass, with a tree
+mask over the head's cache), and the best nodes are kept, as many as the target's measured
+verify-cost curve pays for given the head's path probabilities (the node count is the tree's own
+choice, not K's: a tree capped at K nodes is a chain with fewer tokens deep). The candidates are
+deterministic, so the tree verifier (`specdraft.tree`) keeps the output exact at any temperature.
+
+Drafting runs the head's inference form (`PackedEagleHead`: the same pass with its projections
+packed for few rows, as the target's own layers are); training uses the module itself.
 
 Copy first (`copy_ngram`, on by default, `drafters.copy_first`): a round whose last tokens occurred
 earlier in the context drafts what followed them there instead of the head (the head still takes
@@ -42,7 +47,7 @@ from drafters.copy_first import CopyFirst
 from drafters.eagle_tree import best_nodes, expansion_mask, grow_tree, node_budget
 from specdraft import costs
 from specdraft.draft_loop import draft_autoregressively
-from specdraft.formats.eagle_head import EagleHead, HeadCache, load_head, random_head
+from specdraft.formats.eagle_head import EagleHead, HeadCache, PackedEagleHead, load_head, random_head
 from specdraft.protocol import Draft, DraftContext
 from specdraft.vocab import PrunedVocab
 
@@ -61,8 +66,8 @@ class EagleDrafter:
         `aux_layers` and `draft_ids` shape it).
     tree: None = a chain (verified against the head's q); "auto" = an EAGLE-2 dynamic tree of as
         many nodes as the target's verify-cost curve pays for, given the draft's path
-        probabilities; an int N = the N most probable nodes (at most MAX_TREE_NODES). Never more
-        nodes than the round's K (the decoder's cap on what one verify forward scores).
+        probabilities; an int N = the N most probable nodes (at most MAX_TREE_NODES). A tree is
+        never deeper than the round's K.
     tree_topk: a tree's width: the paths expanded at every depth, and the children of each.
     tree_depth: how many tokens deep a tree grows (depth - 1 head passes after the first).
     copy_ngram: None = the head alone; else a round whose last copy_ngram..copy_max_ngram tokens
@@ -93,6 +98,7 @@ class EagleDrafter:
         self.head_source = head
         self.seed, self.aux_layers, self.draft_ids = seed, aux_layers, draft_ids
         self.head: EagleHead | None = head if isinstance(head, EagleHead) else None
+        self._run: PackedEagleHead | None = None  # the bound head's inference form (drafting runs this)
         self.feature_layers: tuple[int, ...] = () if self.head is None else tuple(self.head.config.aux_layers)
         self.vocab: PrunedVocab | None = None
         self._target: TargetModel | None = None
@@ -121,6 +127,7 @@ class EagleDrafter:
             raise ValueError(f"the head reads target layers {list(head.config.aux_layers)}, but the target has "
                              f"{target.num_layers} layers.")
         self.head = head.to(device=target.device, dtype=target.lm_head.weight.dtype).eval()
+        self._run = self.head.inference_form()
         self.feature_layers = tuple(head.config.aux_layers)
         vocab = head.vocab()
         self.vocab = None if vocab.size == target.vocab_size else vocab.to(target.device)
@@ -147,7 +154,7 @@ class EagleDrafter:
             self._cache.crop(self._fed)  # last round's drafted entries go
         with torch.inference_mode():
             if self.tree is not None:
-                return self._tree(ctx, min(num_tokens, self.tree_depth), num_tokens)
+                return self._tree(ctx, min(num_tokens, self.tree_depth))
             return draft_autoregressively(self._step_fn(ctx), ctx.token_ids[:, -1:], num_tokens, ctx, self.vocab)
 
     def commit(self, ctx: DraftContext, num_accepted: Sequence[int]) -> None:
@@ -196,14 +203,14 @@ class EagleDrafter:
     def _feed_verified(self, ctx: DraftContext) -> tuple[Tensor, Tensor]:
         """Feed every pending verified pair (features, the token after each) to the head; returns
         what the head says after the last one: (logits [1, M] float, output [1, 1, H])."""
-        head, target = self.head, self._target
+        head, target = self._run, self._target
         assert head is not None and target is not None
         if self._pending is None:  # every verified pair is fed already
             assert self._last is not None
             return self._last
         n = self._pending.shape[1]
         tokens = ctx.token_ids[:, self._fed + 1 : self._fed + 1 + n]  # [1, n] x_{j+1}
-        hidden = head.fuse(self._pending.to(head.fc.weight.dtype))  # [1, n, H]
+        hidden = head.fuse(self._pending.to(head.dtype))  # [1, n, H]
         embeds = target.model.get_input_embeddings()(tokens)  # [1, n, H]
         logits, out, self._cache = head(embeds, hidden, self._rope(self._span(self._fed, n), embeds), self._cache)
         self._fed += n
@@ -214,7 +221,7 @@ class EagleDrafter:
     def _step_fn(self, ctx: DraftContext):  # noqa: ANN202
         """next_logits for the drafting loop: the first call feeds every pending verified pair and
         returns the logits after the last one; each later call feeds (own output, drafted token)."""
-        head, target = self.head, self._target
+        head, target = self._run, self._target
         assert head is not None and target is not None
         state: dict[str, Tensor] = {}
 
@@ -231,10 +238,10 @@ class EagleDrafter:
 
         return next_logits
 
-    def _tree(self, ctx: DraftContext, depth: int, max_nodes: int) -> Draft:
-        """An EAGLE-2 dynamic tree `depth` deep of at most `max_nodes` nodes (module docstring),
-        sized on the verify-cost curve."""
-        head, target = self.head, self._target
+    def _tree(self, ctx: DraftContext, depth: int) -> Draft:
+        """An EAGLE-2 dynamic tree `depth` deep (module docstring), as many nodes as the tree option
+        says ("auto": the verify-cost curve pays for, given the head's path probabilities; N: N)."""
+        head, target = self._run, self._target
         assert head is not None and target is not None
         root_logits, root_out = self._feed_verified(ctx)  # [1, M], [1, 1, H]
         outputs: dict[int, Tensor] = {-1: root_out[0]}  # expanded node -> the head's output there [1, H]
@@ -265,9 +272,9 @@ class EagleDrafter:
 
         tree = grow_tree(torch.log_softmax(root_logits[0], dim=-1), expand, self.tree_topk, depth)
         if self.tree == "auto":
-            n = node_budget(tree.scores, costs.verify_curve(target, MAX_TREE_NODES)[: max_nodes + 1])
+            n = node_budget(tree.scores, costs.verify_curve(target, MAX_TREE_NODES))
         else:
-            n = min(int(self.tree), max_nodes)
+            n = int(self.tree)
         if n == 0:
             return Draft(token_ids=ctx.token_ids.new_zeros((1, 0)))
         tokens, parents = best_nodes(tree, n)  # [N] draft indices, [N]

@@ -17,6 +17,7 @@ from specdraft.formats.eagle_head import default_aux_layers, load_head, random_h
 from specdraft.models import tiny_random_target
 from specdraft.protocol import DraftContext
 from specdraft.sampling import SamplingConfig
+from specdraft.tree import tree_depth
 from specdraft.target import TargetModel
 from tests.helpers import exact_two_token_distribution, plain_greedy, pooled_chisquare, sample_two_tokens
 
@@ -318,6 +319,31 @@ def test_expansion_mask_sees_verified_pairs_ancestors_and_itself() -> None:
     assert allowed == [[1, 1, 1, 0, 1, 0], [1, 1, 0, 1, 0, 1]]
 
 
+def test_the_packed_inference_form_computes_the_heads_pass() -> None:
+    """Drafting runs `PackedEagleHead` (fused, packed projections); it must be the module's pass:
+    logits, outputs and cache agree to float32 rounding, with and without a cache and a mask."""
+    target = four_layer_target(seed=5)
+    head = random_head(target, seed=3, aux_layers=LAYERS)
+    packed = head.inference_form()
+    gen = torch.Generator().manual_seed(0)
+    h = target.hidden_size
+    feats = torch.randn(1, 5, 3 * h, generator=gen)  # [1, 5, 3H]
+    embeds = torch.randn(1, 5, h, generator=gen)  # [1, 5, H]
+    rotary = target.model.base_model.rotary_emb
+    with torch.inference_mode():
+        cos_sin = rotary(embeds, position_ids=torch.arange(5)[None])
+        want = head(embeds, head.fuse(feats), cos_sin)
+        got = packed(embeds, packed.fuse(feats), cos_sin)
+        mask = torch.zeros(2, 7).masked_fill(torch.tensor([[0, 0, 0, 0, 0, 0, 1], [0] * 7]).bool(), float("-inf"))
+        cos_sin2 = rotary(embeds[:, :2], position_ids=torch.tensor([[5, 5]]))
+        want2 = head(embeds[:, :2], want[1][:, -2:], cos_sin2, want[2], mask)
+        got2 = packed(embeds[:, :2], got[1][:, -2:], cos_sin2, got[2], mask)
+    for w, g in ((want, got), (want2, got2)):
+        for a, b in ((w[0], g[0]), (w[1], g[1]), (w[2].keys, g[2].keys), (w[2].values, g[2].values)):
+            assert a.shape == b.shape
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+
+
 def test_the_trees_best_path_is_the_greedy_chain() -> None:
     """Siblings share the head's cache in one pass; the tree mask keeps them apart, so the path of
     top-1 children is exactly what the chain drafter drafts greedily."""
@@ -334,7 +360,8 @@ def test_the_trees_best_path_is_the_greedy_chain() -> None:
     draft = tree.propose(ctx, 20)
     parents, tokens = draft.parents[0].tolist(), draft.token_ids[0].tolist()
     assert len(tokens) == 3 + 3 * 3  # 3 roots, then the 3 best children at each further depth
-    assert len(tree.propose(ctx, 5).token_ids[0]) == 5  # never more nodes than the round's K
+    shallow = tree.propose(ctx, 2)  # the round's K bounds the depth, not the node count
+    assert tree_depth(shallow.parents[0].tolist()) == 2 and shallow.num_tokens == 3 + 3
     path, node = [], -1
     for _ in range(4):  # follow the first child of every node: the most probable one
         node = parents.index(node)

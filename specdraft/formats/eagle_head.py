@@ -35,13 +35,14 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from specdraft.fast_stack import apply_rope, continuation_mask, rms_norm, rope_tables
+from specdraft.linear_formats import PackedLinear
 from specdraft.formats.target_info import RECORD_KEY, check_target, read_record, target_info
 from specdraft.shipped import require_artifact
 from specdraft.vocab import PrunedVocab
@@ -150,39 +151,121 @@ class EagleHead(nn.Module):
         """Target features [B, n, len(aux_layers) * H_t] -> the head's input feature [B, n, H]."""
         return self.fc(features)
 
+    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:  # [B, n, 2H] -> q, k, v [B, n, out]
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+
+    def project_out(self, x: Tensor) -> Tensor:  # [B, n, nh * D] -> [B, n, H]
+        return self.o_proj(x)
+
+    def mlp(self, x: Tensor) -> Tensor:  # [B, n, H] -> [B, n, H]
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    def project_logits(self, x: Tensor) -> Tensor:  # [B, n, H] -> [B, n, M]
+        return self.lm_head(x)
+
     def forward(self, embeds: Tensor, hidden: Tensor, cos_sin: tuple[Tensor, Tensor],
                 cache: HeadCache | None = None, mask: Tensor | None = None) -> tuple[Tensor, Tensor, HeadCache]:
-        """One pass over n new positions: embeds [B, n, H] (the target's embedding of x_{j+1}),
-        hidden [B, n, H] (fused target features or the head's own outputs), cos_sin: the target
-        rotary embedding's (cos, sin) [B|1, n, D] at the positions. cache: keys/values of earlier
-        positions (attended in full), or None. mask: an additive [n, L + n] or [B, 1, n, L + n]
-        mask instead of the causal continuation (training-time test). Returns (logits [B, n, M],
-        pre-norm output [B, n, H] (the next step's `hidden`), the cache with these n appended)."""
-        c = self.config
-        batch, n, _ = embeds.shape
-        if c.norm_before_residual:
-            normed = rms_norm(hidden, self.hidden_norm, c.rms_norm_eps)
-            residual = normed
-        else:
-            normed, residual = rms_norm(hidden, self.hidden_norm, c.rms_norm_eps), hidden
-        x = torch.cat([rms_norm(embeds, self.input_layernorm, c.rms_norm_eps), normed], dim=-1)  # [B, n, 2H]
-        rope = rope_tables(*cos_sin)
-        q = apply_rope(self.q_proj(x).view(batch, n, c.num_heads, c.head_dim), *rope).transpose(1, 2)
-        k = apply_rope(self.k_proj(x).view(batch, n, c.num_kv_heads, c.head_dim), *rope).transpose(1, 2)
-        v = self.v_proj(x).view(batch, n, c.num_kv_heads, c.head_dim).transpose(1, 2)  # [B, kvh, n, D]
-        if cache is not None and cache.length:
-            k, v = torch.cat([cache.keys, k], dim=2), torch.cat([cache.values, v], dim=2)
-        past = k.shape[2] - n
-        causal = mask is None and past == 0 and n > 1
-        if mask is None and past > 0 and n > 1:
-            mask = continuation_mask(past, n, q.dtype, q.device)  # [n, L + n]
-        att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                             enable_gqa=c.num_heads != c.num_kv_heads)  # [B, nh, n, D]
-        a = self.o_proj(att.transpose(1, 2).reshape(batch, n, c.num_heads * c.head_dim)) + residual
-        m = rms_norm(a, self.post_attention_layernorm, c.rms_norm_eps)
-        out = self.down_proj(F.silu(self.gate_proj(m)) * self.up_proj(m)) + a  # [B, n, H] pre-norm
-        logits = self.lm_head(rms_norm(out, self.norm, c.rms_norm_eps))  # [B, n, M]
-        return logits, out, HeadCache(k, v)
+        """One pass over n new positions (`head_pass`)."""
+        return head_pass(self, embeds, hidden, cos_sin, cache, mask)
+
+    def inference_form(self) -> PackedEagleHead:
+        """The same head for drafting: its projections pre-packed for the few rows a draft step
+        feeds (`PackedEagleHead`). Made after the head has its final device and dtype."""
+        return PackedEagleHead(self)
+
+
+class HeadLayer(Protocol):
+    """What one head pass reads: the config, the norm weights [H] and the projections."""
+
+    config: EagleConfig
+    input_layernorm: Tensor
+    hidden_norm: Tensor
+    post_attention_layernorm: Tensor
+    norm: Tensor
+
+    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]: ...
+    def project_out(self, x: Tensor) -> Tensor: ...
+    def mlp(self, x: Tensor) -> Tensor: ...
+    def project_logits(self, x: Tensor) -> Tensor: ...
+
+
+def head_pass(p: HeadLayer, embeds: Tensor, hidden: Tensor, cos_sin: tuple[Tensor, Tensor],
+              cache: HeadCache | None = None, mask: Tensor | None = None) -> tuple[Tensor, Tensor, HeadCache]:
+    """One pass of the head's layer over n new positions: embeds [B, n, H] (the target's embedding
+    of x_{j+1}), hidden [B, n, H] (fused target features or the head's own outputs), cos_sin: the
+    target rotary embedding's (cos, sin) [B|1, n, D] at the positions. cache: keys/values of earlier
+    positions (attended in full), or None. mask: an additive [n, L + n] or [B, 1, n, L + n] mask
+    instead of the causal continuation (training-time test, trees). Returns (logits [B, n, M],
+    pre-norm output [B, n, H] (the next step's `hidden`), the cache with these n appended)."""
+    c = p.config
+    batch, n, _ = embeds.shape
+    if c.norm_before_residual:
+        normed = rms_norm(hidden, p.hidden_norm, c.rms_norm_eps)
+        residual = normed
+    else:
+        normed, residual = rms_norm(hidden, p.hidden_norm, c.rms_norm_eps), hidden
+    x = torch.cat([rms_norm(embeds, p.input_layernorm, c.rms_norm_eps), normed], dim=-1)  # [B, n, 2H]
+    rope = rope_tables(*cos_sin)
+    q, k, v = p.project_qkv(x)
+    q = apply_rope(q.reshape(batch, n, c.num_heads, c.head_dim), *rope).transpose(1, 2)  # [B, nh, n, D]
+    k = apply_rope(k.reshape(batch, n, c.num_kv_heads, c.head_dim), *rope).transpose(1, 2)  # [B, kvh, n, D]
+    v = v.reshape(batch, n, c.num_kv_heads, c.head_dim).transpose(1, 2)  # [B, kvh, n, D]
+    if cache is not None and cache.length:
+        k, v = torch.cat([cache.keys, k], dim=2), torch.cat([cache.values, v], dim=2)
+    past = k.shape[2] - n
+    causal = mask is None and past == 0 and n > 1
+    if mask is None and past > 0 and n > 1:
+        mask = continuation_mask(past, n, q.dtype, q.device)  # [n, L + n]
+    att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                         enable_gqa=c.num_heads != c.num_kv_heads)  # [B, nh, n, D]
+    a = p.project_out(att.transpose(1, 2).reshape(batch, n, c.num_heads * c.head_dim)) + residual
+    out = p.mlp(rms_norm(a, p.post_attention_layernorm, c.rms_norm_eps)) + a  # [B, n, H] pre-norm
+    logits = p.project_logits(rms_norm(out, p.norm, c.rms_norm_eps))  # [B, n, M]
+    return logits, out, HeadCache(k, v)
+
+
+class PackedEagleHead:
+    """A trained head's inference form: the same `head_pass`, its projections frozen in the layout
+    that is fastest for few rows (`specdraft.linear_formats.PackedLinear`; q/k/v and gate/up fused
+    into one product each), so a draft step streams the head's weights at the speed the target's
+    own layers get. Inference only (no gradients); call like the head."""
+
+    def __init__(self, head: EagleHead) -> None:
+        self.config = c = head.config
+        self.input_layernorm = head.input_layernorm.detach()
+        self.hidden_norm = head.hidden_norm.detach()
+        self.post_attention_layernorm = head.post_attention_layernorm.detach()
+        self.norm = head.norm.detach()
+        self.dtype = head.fc.weight.dtype
+        self._splits = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim)
+        self._fc = PackedLinear(head.fc.weight, None)  # [H, F]
+        self._qkv = PackedLinear(torch.cat([head.q_proj.weight, head.k_proj.weight, head.v_proj.weight]), None)
+        self._out = PackedLinear(head.o_proj.weight, None)  # [H, nh * D]
+        self._gate_up = PackedLinear(torch.cat([head.gate_proj.weight, head.up_proj.weight]), None)  # [2I, H]
+        self._down = PackedLinear(head.down_proj.weight, None)  # [H, I]
+        self._lm_head = PackedLinear(head.lm_head.weight, None)  # [M, H]
+
+    def fuse(self, features: Tensor) -> Tensor:
+        """Target features [B, n, len(aux_layers) * H_t] -> the head's input feature [B, n, H]."""
+        return self._fc(features)
+
+    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v = self._qkv(x).split(self._splits, dim=-1)
+        return q, k, v
+
+    def project_out(self, x: Tensor) -> Tensor:
+        return self._out(x)
+
+    def mlp(self, x: Tensor) -> Tensor:
+        gate, up = self._gate_up(x).chunk(2, dim=-1)  # [B, n, I] each
+        return self._down(F.silu(gate) * up)
+
+    def project_logits(self, x: Tensor) -> Tensor:
+        return self._lm_head(x)
+
+    def __call__(self, embeds: Tensor, hidden: Tensor, cos_sin: tuple[Tensor, Tensor],
+                 cache: HeadCache | None = None, mask: Tensor | None = None) -> tuple[Tensor, Tensor, HeadCache]:
+        return head_pass(self, embeds, hidden, cos_sin, cache, mask)
 
 
 def random_head(target: TargetModel, seed: int = 0, draft_ids: Sequence[int] | Tensor | None = None,
