@@ -82,7 +82,7 @@ class EagleDrafter:
 
     def __init__(self, head: str | Path | EagleHead | None = "smollm2-135m", seed: int = 0,
                  aux_layers: Sequence[int] | None = None, draft_ids: Sequence[int] | None = None,
-                 tree: int | str | None = None, tree_topk: int = 4, tree_depth: int = 5,
+                 tree: int | str | None = None, tree_topk: int = 4, tree_depth: int = 3,
                  copy_ngram: int | None = 2, copy_max_ngram: int = 4) -> None:
         if tree is not None and tree != "auto" and (isinstance(tree, bool) or not isinstance(tree, int)
                                                     or not 1 <= tree <= MAX_TREE_NODES):
