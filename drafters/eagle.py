@@ -15,7 +15,7 @@ shared loop (`specdraft.draft_loop.draft_autoregressively`), so q is the head's 
 over its draft vocabulary expanded to the target's ids, and verification is exact for greedy and
 sampled decoding alike.
 
-`tree` ("auto" or N; the default None is a chain: chain vs tree on CPU is in benchmarks/RESULTS.md)
+`tree` ("auto", the default, or N; None drafts a chain: chain vs tree on CPU is in benchmarks/RESULTS.md)
 drafts an EAGLE-2 dynamic tree (`drafters.eagle_tree`): up to `tree_depth` tokens deep and never
 deeper than the round's K (the K policy sizes a tree's depth, as it sizes a chain's length), each
 depth expands the `tree_topk` most probable paths (all of a depth in one head pass, with a tree
@@ -82,7 +82,7 @@ class EagleDrafter:
 
     def __init__(self, head: str | Path | EagleHead | None = "smollm2-135m", seed: int = 0,
                  aux_layers: Sequence[int] | None = None, draft_ids: Sequence[int] | None = None,
-                 tree: int | str | None = None, tree_topk: int = 4, tree_depth: int = 3,
+                 tree: int | str | None = "auto", tree_topk: int = 4, tree_depth: int = 3,
                  copy_ngram: int | None = 2, copy_max_ngram: int = 4) -> None:
         if tree is not None and tree != "auto" and (isinstance(tree, bool) or not isinstance(tree, int)
                                                     or not 1 <= tree <= MAX_TREE_NODES):

@@ -19,7 +19,7 @@ NAMES = sorted(p.name[:-5] for p in DRAFTER_DIR.iterdir() if p.name.endswith(".y
 # Variant YAMLs: another configuration of a class that has its own primary YAML, exempt for the
 # keys they exist to change (and only for those).
 VARIANTS: dict[str, set[str]] = {"medusa_recurrent": {"heads"}, "suffix_cold": {"store_tokens", "corpus"}, "suffix_tree": {"tree"},
-                                 "eagle_tree": {"tree"}}
+                                 "eagle_chain": {"tree"}}
 
 
 @pytest.fixture(autouse=True)

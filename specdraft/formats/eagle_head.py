@@ -42,8 +42,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from specdraft.fast_stack import apply_rope, continuation_mask, rms_norm, rope_tables
-from specdraft.linear_formats import PackedLinear
 from specdraft.formats.target_info import RECORD_KEY, check_target, read_record, target_info
+from specdraft.linear_formats import PackedLinear
 from specdraft.shipped import require_artifact
 from specdraft.vocab import PrunedVocab
 
