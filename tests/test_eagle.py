@@ -497,3 +497,24 @@ def test_copy_first_rounds_keep_the_head_on_the_features(tree: int | None) -> No
     out = SpeculativeDecoder(target, drafter_, num_draft_tokens=5).generate(prompt, 40, stop_token_ids=[])
     assert out.token_ids[0].tolist() == plain_greedy(target, prompt, 40)
     assert 0 < len(head_rounds) < out.stats.rounds
+
+
+def test_the_online_heldout_benchmark_counts_rounds_per_position(tmp_path, capsys) -> None:  # noqa: ANN001
+    """benchmarks/eagle_heldout.py --online: each head decodes the prompts drafting a fixed chain; the row
+    reports the rounds, per position accepted / reached (a probability, and reaching position i needs
+    i accepted drafts before it) and tokens per round (>= 1), for a head named by its directory."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "eagle_heldout.py"
+    spec = importlib.util.spec_from_file_location("eagle_heldout", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    target = four_layer_target(seed=6)
+    save_head(random_head(target, seed=1, aux_layers=LAYERS), tmp_path / "eagle", target, verifier="tiny")
+    prompts = [torch.tensor([1, 5, 3, 7]), torch.tensor([2, 4, 6])]
+    module.online(target, [str(tmp_path / "eagle")], prompts, 3)
+    row = capsys.readouterr().out.strip().splitlines()[-1].split(" | ")
+    rounds, acceptance, per_round = int(row[1]), [float(x) for x in row[2].split(" / ")], float(row[3].rstrip(" |"))
+    assert rounds > 0 and len(acceptance) == 3 and all(0.0 <= a <= 1.0 for a in acceptance)
+    assert per_round >= 1.0 and (per_round > 1.0) == (acceptance[0] > 0)
