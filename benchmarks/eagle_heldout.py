@@ -27,6 +27,7 @@ import torch
 from omegaconf import OmegaConf
 
 from drafters.eagle import EagleDrafter
+from specdraft.batch_bench import pooled_acceptance_per_position
 from specdraft.decode import SpeculativeDecoder
 from specdraft.formats.eagle_head import load_head
 from specdraft.formats.target_info import guard_cache
@@ -90,14 +91,9 @@ def online(target: TargetModel, heads: list[str], prompts: list[torch.Tensor], s
     for name in heads:
         drafter = EagleDrafter(name, tree=None, copy_ngram=None)
         decoder = SpeculativeDecoder(target, drafter, num_draft_tokens=steps, max_draft_tokens=steps)
-        reached, accepted, rounds, tokens = [0] * steps, [0] * steps, 0, 0
-        for prompt in prompts:
-            stats = decoder.generate(prompt, 128).stats
-            for i in range(min(steps, len(stats.reached_per_position))):
-                reached[i] += stats.reached_per_position[i]
-                accepted[i] += stats.accepted_per_position[i]
-            rounds, tokens = rounds + stats.rounds, tokens + stats.new_tokens
-        acc = " / ".join(f"{a / max(r, 1):.3f}" for a, r in zip(accepted, reached))
+        runs = [decoder.generate(prompt, 128).stats for prompt in prompts]
+        acc = " / ".join(f"{a:.3f}" for a in pooled_acceptance_per_position(runs))
+        rounds, tokens = sum(s.rounds for s in runs), sum(s.new_tokens for s in runs)
         print(f"| {name} | {rounds} | {acc} | {tokens / max(rounds, 1):.2f} |", flush=True)
 
 
