@@ -204,7 +204,7 @@ def test_unrolled_training_steps_are_what_the_drafter_computes(tmp_path, monkeyp
     (seq,) = feature_seqs(target, greedy_sequences(target, 1, seed=0), tmp_path, "one")
     embed, rotary = target.model.get_input_embeddings(), target.model.base_model.rotary_emb
     with torch.no_grad():
-        logits, _, _ = unroll(head, embed, rotary, seq, 0, seq.ids.shape[0], 3, PrunedVocab(torch.arange(16), 16))
+        logits = [u.logits for u in unroll(head, embed, rotary, seq, 0, seq.ids.shape[0], 3, PrunedVocab(torch.arange(16), 16))]
     for j in (2, 7, 15):
         truth = seq.ids[j + 2 : j + 5].tolist()  # the drafts "drawn": the sequence's own tokens
         monkeypatch.setattr(specdraft.draft_loop, "draw", lambda q, s, g, it=iter(truth): torch.tensor([next(it)]))
@@ -247,7 +247,25 @@ def test_held_out_counts_a_choice_outside_the_draft_vocabulary_as_a_miss(tmp_pat
     assert narrow["top1_per_step"] == [0.0, 0.0, 0.0] and narrow["expected_accepted_length"] == 0.0
 
 
-def test_training_raises_held_out_acceptance(tmp_path) -> None:  # noqa: ANN001
+def test_soft_loss_is_the_cross_entropy_with_the_top_tokens_inside_the_draft_vocabulary() -> None:
+    from specdraft.train.eagle import UnrollStep, step_loss
+
+    logits = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))  # [m=3, M=4]
+    labels = torch.tensor([0, -100, 3])  # anchor 1 not trained
+    top_index = torch.tensor([[0, -1, 2], [1, 2, 3], [3, -1, -1]])  # -1: outside the draft vocabulary
+    top_logits = torch.log(torch.tensor([[0.5, 0.3, 0.1], [0.4, 0.4, 0.2], [0.7, 0.2, 0.1]])).half()
+    logq = torch.log_softmax(logits, -1)
+    expected = -((0.5 * logq[0, 0] + 0.1 * logq[0, 2]) / 0.6 + logq[2, 3]) / 2  # renormalised over the inside ones
+    step = UnrollStep(logits, labels, labels >= 0, top_index, top_logits)
+    torch.testing.assert_close(step_loss(step, soft_labels=True), expected, rtol=2e-3, atol=2e-3)
+    # hard labels: the cross-entropy with the choices
+    torch.testing.assert_close(step_loss(step, soft_labels=False), -(logq[0, 0] + logq[2, 3]) / 2)
+    none = step._replace(labels=torch.full((3,), -100))
+    assert float(step_loss(none, soft_labels=True)) == 0.0 == float(step_loss(none, soft_labels=False))
+
+
+@pytest.mark.parametrize("soft_labels", [True, False])
+def test_training_raises_held_out_acceptance(tmp_path, soft_labels: bool) -> None:  # noqa: ANN001
     from omegaconf import OmegaConf
 
     from specdraft.train.eagle import evaluate, new_head, train_head
@@ -258,7 +276,7 @@ def test_training_raises_held_out_acceptance(tmp_path) -> None:  # noqa: ANN001
     eval_seqs = feature_seqs(target, greedy_sequences(target, 6, seed=2), tmp_path, "eval")
     vocab = build_pruned_vocab([s.choice for s in train_seqs], 12, 16)
     cfg = OmegaConf.create({"aux_layers": list(LAYERS), "seed": 0, "resume": False, "window": 64, "ttt_steps": 3,
-                            "decay": 0.8, "train": {"max_steps": 200, "lr": 0.003, "warmup_steps": 5,
+                            "decay": 0.8, "soft_labels": soft_labels, "train": {"max_steps": 200, "lr": 0.003, "warmup_steps": 5,
                                                     "checkpoint_every": 0}})
     embed, rotary = target.model.get_input_embeddings(), target.model.base_model.rotary_emb
     before = evaluate(new_head(target, vocab, LAYERS, 0), embed, rotary, eval_seqs, 64, 3, vocab)

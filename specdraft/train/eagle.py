@@ -10,9 +10,11 @@ Step 0 reads the verified pairs (fc(features_j), x_{j+1}) causally, as drafting 
 verify forward; step s >= 1 reads, at every anchor j, its own output of step s - 1 with the token
 x_{j+1+s}, at position j + s, attending to the verified pairs up to j and its own chain at j
 (steps 1..s): exactly what the s-th draft token after anchor j sees at inference when the drafts
-before it were accepted. The loss of step s is the cross-entropy with the target's choice
-a_{j+1+s} on answer positions (over the draft vocabulary; a choice outside it is skipped),
-weighted decay^s.
+before it were accepted. The loss of step s is the cross-entropy on answer positions, over the
+draft vocabulary, with the target's next-token distribution there (`soft_labels`, as EAGLE-3
+trains: its SOFT_TOPK most probable tokens, cached with the features) or with its choice
+a_{j+1+s} alone; a position whose choice is outside the draft vocabulary is skipped. Step s
+weighs decay^s.
 
 Held-out numbers (greedy records of the held-out split; a target choice outside the draft
 vocabulary counts as a miss): per draft position the acceptance
@@ -31,7 +33,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +48,7 @@ from specdraft.formats.target_info import guard_cache
 from specdraft.target import TargetModel
 from specdraft.train.loop import TrainSettings, recipe_settings
 from specdraft.train.loop import train as train_loop
+from specdraft.train.losses import distill_loss
 from specdraft.outputs import prepare_output_dir
 from specdraft.train.shard_cache import Sequences, cached_shards
 from specdraft.verify import leading_true
@@ -53,46 +56,56 @@ from specdraft.vocab import PrunedVocab, build_pruned_vocab
 
 
 # ------------------------------------------------------------------------------- the feature cache
+SOFT_TOPK = 16  # the target's most probable next tokens cached per position (the soft labels)
+
+
 @dataclass(frozen=True)
 class FeatureSeq:
     """One cached sequence: ids [T] int64, features [T, F] (float16 on disk), the target's greedy
-    choice at every position [T] int64, and `first`: the first position whose choice is trained
-    on (the one that produced the first answer token)."""
+    choice at every position [T] int64, its SOFT_TOPK most probable next tokens top_ids [T, k]
+    int64 with their logits top_logits [T, k] (float16 on disk), and `first`: the first
+    position whose choice is trained on (the one that produced the first answer token)."""
 
     ids: Tensor
     features: Tensor
     choice: Tensor
     first: int
+    top_ids: Tensor
+    top_logits: Tensor
 
 
 @torch.inference_mode()
 def _features(target: TargetModel, layers: Sequence[int], shard: Sequences) -> dict[str, Tensor]:
-    feats, choice, lengths, firsts = [], [], [], []
+    feats, choice, top_ids, top_logits, lengths, firsts = [], [], [], [], [], []
     for ids, first in shard:
         target.reset()
         out = target.forward(ids[None].to(target.device), features=layers)  # logits [1, T, V]
         feats.append(out.features[0].half().cpu())
         choice.append(out.logits[0].argmax(-1).int().cpu())
+        top = out.logits[0].topk(SOFT_TOPK, dim=-1)  # [T, k]
+        top_ids.append(top.indices.int().cpu())
+        top_logits.append(top.values.half().cpu())
         lengths.append(len(ids))
         firsts.append(first)
     target.reset()
-    return {"features": torch.cat(feats), "choice": torch.cat(choice), "lengths": torch.tensor(lengths),
-            "firsts": torch.tensor(firsts)}
+    return {"features": torch.cat(feats), "choice": torch.cat(choice), "top_ids": torch.cat(top_ids),
+            "top_logits": torch.cat(top_logits), "lengths": torch.tensor(lengths), "firsts": torch.tensor(firsts)}
 
 
 def feature_sequences(target: TargetModel, sequences: Sequences, layers: Sequence[int], cache_dir: Path,
                       split: str) -> list[FeatureSeq]:
     """The target's features and choices for every (ids, first) sequence of `split` ("train" or
-    "eval"), cached under `<split>-<layers>` (one cache per split and layer set)."""
-    name = f"{split}-" + "-".join(str(j) for j in layers)
+    "eval"), cached under `<split>-<layers>-top<SOFT_TOPK>` (one cache per split and layer set)."""
+    name = f"{split}-" + "-".join(str(j) for j in layers) + f"-top{SOFT_TOPK}"
     parts = cached_shards(sequences, cache_dir, name, lambda shard: _features(target, layers, shard))
     out, k = [], 0
     for part in parts:
         offset = 0
         for n, first in zip(part["lengths"].tolist(), part["firsts"].tolist()):
             ids = sequences[k][0]
-            out.append(FeatureSeq(ids.long(), part["features"][offset : offset + n],
-                                  part["choice"][offset : offset + n].long(), int(first)))
+            span = slice(offset, offset + n)
+            out.append(FeatureSeq(ids.long(), part["features"][span], part["choice"][span].long(), int(first),
+                                  part["top_ids"][span].long(), part["top_logits"][span]))
             offset, k = offset + n, k + 1
     return out
 
@@ -125,19 +138,31 @@ def chain_mask(n: int, steps: int, dtype: torch.dtype) -> Tensor:
     return torch.zeros(ok.shape, dtype=dtype).masked_fill(~ok, float("-inf"))
 
 
+class UnrollStep(NamedTuple):
+    """One unroll step over a window's m anchors: logits [m, M] over the draft vocabulary; labels [m]
+    the target's choice as a draft index, -100 where not trained (past the window, before the answer,
+    or outside the draft vocabulary); scored [m] bool: the answer positions inside the window, where a
+    held-out evaluation counts the draft (a choice outside the draft vocabulary as a miss); the
+    target's top tokens there, top_index [m, k] as draft indices (-1 outside the draft vocabulary)
+    with their logits top_logits [m, k]."""
+
+    logits: Tensor
+    labels: Tensor
+    scored: Tensor
+    top_index: Tensor
+    top_logits: Tensor
+
+
 def unroll(head: EagleHead, embed: nn.Module, rotary: nn.Module, seq: FeatureSeq, start: int, end: int,
-           steps: int, vocab: PrunedVocab) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
-    """The training-time test over the window [start, end) of `seq` (module docstring). Returns per
-    step s: (logits [m, M] of the anchors j = start..end-2, labels [m] as draft indices, -100 where
-    not trained: past the window, before the answer, or outside the draft vocabulary, and `scored`
-    [m] bool: the answer positions inside the window, where a held-out evaluation counts the draft,
-    a choice outside the draft vocabulary as a miss)."""
+           steps: int, vocab: PrunedVocab) -> list[UnrollStep]:
+    """The training-time test over the window [start, end) of `seq` (module docstring): one
+    UnrollStep per step s, its anchors j = start..end-2."""
     m = end - start - 1  # anchors: pair j = (features_j, x_{j+1})
     ids = seq.ids[start:end]
     label_pos = torch.arange(m)  # anchor offsets
     hidden = head.fuse(seq.features[start : start + m][None].to(head.fc.weight.dtype))  # [1, m, H]
     cache = None
-    logits_out, labels_out, scored_out = [], [], []
+    out_steps = []
     for s in range(steps):
         tok_pos = label_pos + 1 + s  # x_{j+1+s}, offsets in the window
         live = tok_pos < ids.shape[0]
@@ -151,11 +176,22 @@ def unroll(head: EagleHead, embed: nn.Module, rotary: nn.Module, seq: FeatureSeq
         labels = vocab.index_of[seq.choice[choice_pos]]  # [m] draft index or -1
         scored = live & (start + tok_pos >= seq.first + 1)  # a_{j+1+s} predicts an answer token
         trained = scored & (labels >= 0)
-        labels_out.append(torch.where(trained, labels, torch.full_like(labels, -100)))
-        scored_out.append(scored)
-        logits_out.append(logits[0])
+        out_steps.append(UnrollStep(logits[0], torch.where(trained, labels, torch.full_like(labels, -100)), scored,
+                                    vocab.index_of[seq.top_ids[choice_pos]], seq.top_logits[choice_pos]))
         hidden = out
-    return logits_out, labels_out, scored_out
+    return out_steps
+
+
+def step_loss(step: UnrollStep, soft_labels: bool) -> Tensor:
+    """Cross-entropy of one unroll step on its trained anchors: with the target's choice, or with its
+    top-k distribution renormalised over the draft vocabulary (`soft_labels`, EAGLE-3's target;
+    `distill_loss`). Zero (with a graph) when the step has no trained anchor."""
+    trained = step.labels >= 0  # [m]
+    if not bool(trained.any()):
+        return step.logits.sum() * 0.0
+    if not soft_labels:
+        return F.cross_entropy(step.logits, step.labels, ignore_index=-100)
+    return distill_loss(step.logits[trained], step.top_logits[trained], step.top_index[trained], renormalize=True)
 
 
 def windows(seqs: Sequence[FeatureSeq], window: int) -> list[tuple[int, int, int]]:
@@ -186,9 +222,9 @@ def evaluate(head: EagleHead, embed: nn.Module, rotary: nn.Module, seqs: Sequenc
     """Held-out per-position acceptance and expected accepted length (module docstring)."""
     right_all: list[Tensor] = []
     for i, start, end in windows(seqs, window):
-        logits, labels, scored = unroll(head, embed, rotary, seqs[i], start, end, steps, vocab)
-        valid = torch.stack(scored, dim=1)  # [m, S]
-        right = torch.stack([(lg.argmax(-1) == lab) for lg, lab in zip(logits, labels)], dim=1)  # [m, S]: -100 never
+        unrolled = unroll(head, embed, rotary, seqs[i], start, end, steps, vocab)
+        valid = torch.stack([u.scored for u in unrolled], dim=1)  # [m, S]
+        right = torch.stack([u.logits.argmax(-1) == u.labels for u in unrolled], dim=1)  # [m, S]: -100 never
         keep = valid.all(dim=1)  # anchors whose whole chain is on answer positions
         right_all.append(right[keep])
     right = torch.cat(right_all) if right_all else torch.zeros((0, steps), dtype=torch.bool)
@@ -230,19 +266,20 @@ def train_head(cfg: DictConfig, target: TargetModel, train_seqs: Sequence[Featur
         raise ValueError("no training windows: the training sequences have no answer positions.")
     weights = [float(cfg.decay) ** s for s in range(int(cfg.ttt_steps))]
 
-    def step_loss(step: int) -> tuple[Tensor, Mapping[str, float]]:
+    soft = bool(cfg.soft_labels)
+
+    def window_loss(step: int) -> tuple[Tensor, Mapping[str, float]]:
         gen = torch.Generator().manual_seed(int(cfg.seed) * 1_000_003 + step)
         i, start, end = wins[int(torch.randint(len(wins), (1,), generator=gen))]
-        logits, labels, _ = unroll(head, embed, rotary, train_seqs[i], start, end, int(cfg.ttt_steps), vocab)
-        losses = [F.cross_entropy(lg, lab, ignore_index=-100) if bool((lab >= 0).any()) else lg.sum() * 0.0
-                  for lg, lab in zip(logits, labels)]
+        unrolled = unroll(head, embed, rotary, train_seqs[i], start, end, int(cfg.ttt_steps), vocab)
+        losses = [step_loss(u, soft) for u in unrolled]
         total = sum(w * loss for w, loss in zip(weights, losses))
         return total, {f"s{s}": round(float(loss.detach()), 4) for s, loss in enumerate(losses)}
 
     def run_eval(step: int) -> dict[str, Any]:
         return evaluate(head, embed, rotary, eval_seqs, int(cfg.window), int(cfg.ttt_steps), vocab)
 
-    run = train_loop(head, step_loss, settings, name="eagle", checkpoint=ckpt, evaluate=run_eval if eval_seqs else None)
+    run = train_loop(head, window_loss, settings, name="eagle", checkpoint=ckpt, evaluate=run_eval if eval_seqs else None)
     log = {"steps": run.step, "train_seconds": round(run.elapsed_s, 1), "stopped_by_budget": run.stopped_by_budget,
            "loss_every_100": [[r["step"], r["loss"]] for r in run.history if "loss" in r][::100]}
     return head.eval(), log
