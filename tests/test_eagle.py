@@ -291,10 +291,11 @@ def test_training_raises_held_out_acceptance(tmp_path, soft_labels: bool) -> Non
     prompt = greedy_sequences(target, 1, seed=9)[0][0][:6].tolist()
     rounds = []
     for h in (new_head(target, vocab, LAYERS, 0), head):
-        out = SpeculativeDecoder(target, EagleDrafter(h), num_draft_tokens=3).generate(prompt, 30, stop_token_ids=[])
+        out = SpeculativeDecoder(target, EagleDrafter(h, tree=None, copy_ngram=None), num_draft_tokens=3).generate(
+            prompt, 30, stop_token_ids=[])
         assert out.token_ids[0].tolist() == plain_greedy(target, prompt, 30)
         rounds.append(out.stats.rounds)
-    assert rounds[1] < rounds[0]
+    assert rounds[1] < rounds[0], rounds
 
 
 # ------------------------------------------------------------------ EAGLE-2 dynamic trees
