@@ -19,7 +19,7 @@ from specdraft.protocol import DraftContext
 from specdraft.sampling import SamplingConfig
 from specdraft.tree import tree_depth
 from specdraft.target import TargetModel
-from tests.helpers import exact_two_token_distribution, plain_greedy, pooled_chisquare, sample_two_tokens
+from tests.helpers import exact_two_token_distribution, load_script, plain_greedy, pooled_chisquare, sample_two_tokens
 
 LAYERS = (0, 1, 3)  # a 4-layer tiny target: the embeddings, a middle and the last layer's input
 EVEN = list(range(0, 16, 2))
@@ -522,13 +522,9 @@ def test_the_online_heldout_benchmark_counts_rounds_per_position(tmp_path, capsy
     """benchmarks/eagle_heldout.py --online: each head decodes the prompts drafting a fixed chain; the row
     reports the rounds, per position accepted / reached (a probability, and reaching position i needs
     i accepted drafts before it) and tokens per round (>= 1), for a head named by its directory."""
-    import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "eagle_heldout.py"
-    spec = importlib.util.spec_from_file_location("eagle_heldout", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    module = load_script(Path(__file__).resolve().parents[1] / "benchmarks" / "eagle_heldout.py")
     target = four_layer_target(seed=6)
     save_head(random_head(target, seed=1, aux_layers=LAYERS), tmp_path / "eagle", target, verifier="tiny")
     prompts = [torch.tensor([1, 5, 3, 7]), torch.tensor([2, 4, 6])]
