@@ -95,6 +95,23 @@ def test_cached_shards_are_reused_only_for_the_sequences_they_were_computed_from
     assert len(calls) == 7
 
 
+@pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="reads Linux's /proc/self/maps")
+def test_cached_shards_are_memory_mapped_from_their_files(tmp_path: Path) -> None:
+    """Fresh and reused shards alike come back mapped from their files (not copies in memory), so a
+    feature cache larger than RAM can be trained on."""
+    seqs = [(torch.arange(10) + i, 0) for i in range(4)]
+    compute = lambda shard: {"choice": torch.cat([ids for ids, _ in shard])}  # noqa: E731
+
+    def mapped() -> set[str]:
+        return {line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines() if str(tmp_path) in line}
+
+    for _ in range(2):  # computed, then reused
+        parts = cached_shards(seqs, tmp_path, "m", compute, shard_tokens=20)
+        assert mapped() >= {str(tmp_path / f"m-{i:04d}.pt") for i in range(len(parts))}
+        assert torch.equal(torch.cat([p["choice"] for p in parts]), torch.cat([ids for ids, _ in seqs]))
+        del parts
+
+
 @pytest.mark.parametrize("loss", ["ce", "kl"])
 def test_training_lowers_every_head_loss_and_reloads(tmp_path: Path, loss: str) -> None:
     torch.set_num_threads(1)

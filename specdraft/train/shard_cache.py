@@ -6,6 +6,8 @@ features) run the target over their sequences once: the sequences are cut into s
 the sequences it was computed from, and an existing shard is reused only when that digest matches, so
 an interrupted run resumes where it stopped, a growing dataset reuses every full shard, and a cache
 directory reused with other data recomputes instead of training on another dataset's states.
+Every shard is returned memory-mapped from its file (a fresh one once written), so a cache larger than
+RAM is read from the page cache on demand instead of being held in memory.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def shard_digest(shard: Sequences) -> Tensor:
 def cached_shards(sequences: Sequences, cache_dir: Path, name: str,
                   compute: Callable[[Sequences], dict[str, Tensor]], shard_tokens: int = 8192) -> list[dict[str, Tensor]]:
     """compute(shard) for every shard of `sequences` (or its cached result, when the cached shard was
-    computed from these very sequences), in order."""
+    computed from these very sequences), in order, each memory-mapped from its file."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     shards: list[list[tuple[Tensor, int]]] = [[]]
     count = 0
@@ -51,9 +53,10 @@ def cached_shards(sequences: Sequences, cache_dir: Path, name: str,
     for i, shard in enumerate(tqdm(shards, desc=f"target states {name}", file=sys.stdout)):
         path = cache_dir / f"{name}-{i:04d}.pt"
         digest = shard_digest(shard)
-        part = torch.load(path) if path.is_file() else None
+        part = torch.load(path, mmap=True) if path.is_file() else None
         if part is None or DIGEST_KEY not in part or not torch.equal(part[DIGEST_KEY], digest):
-            part = {**compute(shard), DIGEST_KEY: digest}
-            replace_atomically(path, lambda tmp, part=part: torch.save(part, tmp))
+            fresh = {**compute(shard), DIGEST_KEY: digest}
+            replace_atomically(path, lambda tmp, fresh=fresh: torch.save(fresh, tmp))
+            part = torch.load(path, mmap=True)
         parts.append(part)
     return parts
