@@ -6,6 +6,8 @@ identical drafts."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 
 import pytest
@@ -203,8 +205,9 @@ def test_unrolled_training_steps_are_what_the_drafter_computes(tmp_path, monkeyp
     head = random_head(target, seed=4, aux_layers=LAYERS)
     (seq,) = feature_seqs(target, greedy_sequences(target, 1, seed=0), tmp_path, "one")
     embed, rotary = target.model.get_input_embeddings(), target.model.base_model.rotary_emb
+    every = dataclasses.replace(seq, first=0)  # every anchor unrolled
     with torch.no_grad():
-        logits = [u.logits for u in unroll(head, embed, rotary, seq, 0, seq.ids.shape[0], 3, PrunedVocab(torch.arange(16), 16))]
+        logits = [u.logits for u in unroll(head, embed, rotary, every, 0, seq.ids.shape[0], 3, PrunedVocab(torch.arange(16), 16))]
     for j in (2, 7, 15):
         truth = seq.ids[j + 2 : j + 5].tolist()  # the drafts "drawn": the sequence's own tokens
         monkeypatch.setattr(specdraft.draft_loop, "draw", lambda q, s, g, it=iter(truth): torch.tensor([next(it)]))
@@ -216,6 +219,32 @@ def test_unrolled_training_steps_are_what_the_drafter_computes(tmp_path, monkeyp
         assert draft.token_ids[0].tolist() == truth
         for s in range(3):
             torch.testing.assert_close(draft.probs[0, s], torch.softmax(logits[s][j].float(), -1), rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("start", [0, 3])
+def test_unroll_skips_only_anchors_whose_chains_end_before_the_answer(tmp_path, start: int) -> None:  # noqa: ANN001
+    """Anchors that no step scores give step 0 their keys alone; the anchors unrolled get exactly the
+    logits, labels and scores of an unroll of every anchor, and every scored step is among them."""
+    from specdraft.train.eagle import unroll
+    from specdraft.vocab import PrunedVocab
+
+    target = four_layer_target()
+    head = random_head(target, seed=4, aux_layers=LAYERS)
+    (seq,) = feature_seqs(target, [(torch.tensor([3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7] + list(range(12))), 11)],
+                          tmp_path, "long")
+    embed, rotary = target.model.get_input_embeddings(), target.model.base_model.rotary_emb
+    vocab = PrunedVocab(torch.arange(16), 16)
+    end = seq.ids.shape[0]
+    with torch.no_grad():
+        part = unroll(head, embed, rotary, seq, start, end, 3, vocab)
+        every = unroll(head, embed, rotary, dataclasses.replace(seq, first=0), start, end, 3, vocab)
+    skipped = seq.first - start - 2  # anchors start .. first - 3 reach no answer token in 3 steps
+    assert skipped > 0 and all(len(u.logits) == end - start - 1 - skipped for u in part)
+    for s, (p, e) in enumerate(zip(part, every)):
+        torch.testing.assert_close(p.logits, e.logits[skipped:], rtol=1e-5, atol=1e-5)
+        scored_every = e.scored & (start + torch.arange(end - start - 1) + 1 + s >= seq.first + 1)
+        assert not scored_every[:skipped].any()  # nothing scored was skipped
+        assert torch.equal(p.scored, scored_every[skipped:])
 
 
 def test_chain_acceptance_counts_leading_right_steps_by_hand() -> None:

@@ -189,14 +189,10 @@ class HeadLayer(Protocol):
     def project_logits(self, x: Tensor) -> Tensor: ...
 
 
-def head_pass(p: HeadLayer, embeds: Tensor, hidden: Tensor, cos_sin: tuple[Tensor, Tensor],
-              cache: HeadCache | None = None, mask: Tensor | None = None) -> tuple[Tensor, Tensor, HeadCache]:
-    """One pass of the head's layer over n new positions: embeds [B, n, H] (the target's embedding
-    of x_{j+1}), hidden [B, n, H] (fused target features or the head's own outputs), cos_sin: the
-    target rotary embedding's (cos, sin) [B|1, n, D] at the positions. cache: keys/values of earlier
-    positions (attended in full), or None. mask: an additive [n, L + n] or [B, 1, n, L + n] mask
-    instead of the causal continuation (training-time test, trees). Returns (logits [B, n, M],
-    pre-norm output [B, n, H] (the next step's `hidden`), the cache with these n appended)."""
+def attention_inputs(p: HeadLayer, embeds: Tensor, hidden: Tensor,
+                     cos_sin: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The head layer's attention inputs for n positions (arguments as `head_pass`): q [B, nh, n, D],
+    k and v [B, kvh, n, D] (rotary applied to q and k) and the residual [B, n, H]."""
     c = p.config
     batch, n, _ = embeds.shape
     if c.norm_before_residual:
@@ -210,6 +206,27 @@ def head_pass(p: HeadLayer, embeds: Tensor, hidden: Tensor, cos_sin: tuple[Tenso
     q = apply_rope(q.reshape(batch, n, c.num_heads, c.head_dim), *rope).transpose(1, 2)  # [B, nh, n, D]
     k = apply_rope(k.reshape(batch, n, c.num_kv_heads, c.head_dim), *rope).transpose(1, 2)  # [B, kvh, n, D]
     v = v.reshape(batch, n, c.num_kv_heads, c.head_dim).transpose(1, 2)  # [B, kvh, n, D]
+    return q, k, v, residual
+
+
+def head_keys(p: HeadLayer, embeds: Tensor, hidden: Tensor, cos_sin: tuple[Tensor, Tensor]) -> HeadCache:
+    """The cache of n positions alone, without their outputs (arguments as `head_pass`): positions
+    that later ones attend to but whose own drafts are never used (training: a prompt's anchors)."""
+    _, k, v, _ = attention_inputs(p, embeds, hidden, cos_sin)
+    return HeadCache(k, v)
+
+
+def head_pass(p: HeadLayer, embeds: Tensor, hidden: Tensor, cos_sin: tuple[Tensor, Tensor],
+              cache: HeadCache | None = None, mask: Tensor | None = None) -> tuple[Tensor, Tensor, HeadCache]:
+    """One pass of the head's layer over n new positions: embeds [B, n, H] (the target's embedding
+    of x_{j+1}), hidden [B, n, H] (fused target features or the head's own outputs), cos_sin: the
+    target rotary embedding's (cos, sin) [B|1, n, D] at the positions. cache: keys/values of earlier
+    positions (attended in full), or None. mask: an additive [n, L + n] or [B, 1, n, L + n] mask
+    instead of the causal continuation (training-time test, trees). Returns (logits [B, n, M],
+    pre-norm output [B, n, H] (the next step's `hidden`), the cache with these n appended)."""
+    c = p.config
+    batch, n, _ = embeds.shape
+    q, k, v, residual = attention_inputs(p, embeds, hidden, cos_sin)
     if cache is not None and cache.length:
         k, v = torch.cat([cache.keys, k], dim=2), torch.cat([cache.values, v], dim=2)
     past = k.shape[2] - n

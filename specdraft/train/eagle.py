@@ -14,7 +14,8 @@ before it were accepted. The loss of step s is the cross-entropy on answer posit
 draft vocabulary, with the target's next-token distribution there (`soft_labels`, as EAGLE-3
 trains: its SOFT_TOPK most probable tokens, cached with the features) or with its choice
 a_{j+1+s} alone; a position whose choice is outside the draft vocabulary is skipped. Step s
-weighs decay^s.
+weighs decay^s. Anchors whose chains end before the answer (most of a prompt) never reach a loss:
+they give step 0 its keys and values alone (`head_keys`), and only the rest are unrolled.
 
 Held-out numbers (greedy records of the held-out split; a target choice outside the draft
 vocabulary counts as a miss): per draft position the acceptance
@@ -43,7 +44,7 @@ from torch import Tensor, nn
 
 from specdraft.build import target_label
 from specdraft.console import hydra_cli
-from specdraft.formats.eagle_head import EagleConfig, EagleHead, save_head
+from specdraft.formats.eagle_head import EagleConfig, EagleHead, head_keys, save_head
 from specdraft.formats.target_info import guard_cache
 from specdraft.target import TargetModel
 from specdraft.train.loop import TrainSettings, recipe_settings
@@ -129,22 +130,23 @@ def selfgen_sequences(split: str, path: str | Sequence[str] | None, max_tokens: 
 
 
 # ------------------------------------------------------------------------------- training-time test
-def chain_mask(n: int, steps: int, dtype: torch.dtype) -> Tensor:
-    """Additive mask [n, (steps + 1) n] of unroll step `steps`: query j sees the verified pairs 0..j
-    (block 0) and its own chain's entries at j in blocks 1..steps."""
+def chain_mask(n: int, steps: int, dtype: torch.dtype, context: int = 0) -> Tensor:
+    """Additive mask [n, context + n + steps n] of unroll step `steps` for n unrolled anchors after
+    `context` anchors that are not unrolled: query j sees the verified pairs up to its own (block 0,
+    context + n long) and its own chain's entries at j in blocks 1..steps."""
     idx = torch.arange(n)
-    allowed = [idx[None, :] <= idx[:, None]] + [idx[None, :] == idx[:, None]] * steps
-    ok = torch.cat(allowed, dim=1)  # [n, (steps+1) n]
+    block0 = torch.arange(context + n)[None, :] <= (idx + context)[:, None]  # [n, context + n]
+    ok = torch.cat([block0] + [idx[None, :] == idx[:, None]] * steps, dim=1)  # [n, context + (steps+1) n]
     return torch.zeros(ok.shape, dtype=dtype).masked_fill(~ok, float("-inf"))
 
 
 class UnrollStep(NamedTuple):
-    """One unroll step over a window's m anchors: logits [m, M] over the draft vocabulary; labels [m]
-    the target's choice as a draft index, -100 where not trained (past the window, before the answer,
-    or outside the draft vocabulary); scored [m] bool: the answer positions inside the window, where a
-    held-out evaluation counts the draft (a choice outside the draft vocabulary as a miss); the
-    target's top tokens there, top_index [m, k] as draft indices (-1 outside the draft vocabulary)
-    with their logits top_logits [m, k]."""
+    """One unroll step over a window's m unrolled anchors: logits [m, M] over the draft vocabulary;
+    labels [m] the target's choice as a draft index, -100 where not trained (past the window, before
+    the answer, or outside the draft vocabulary); scored [m] bool: the answer positions inside the
+    window, where a held-out evaluation counts the draft (a choice outside the draft vocabulary as a
+    miss); the target's top tokens there, top_index [m, k] as draft indices (-1 outside the draft
+    vocabulary) with their logits top_logits [m, k]."""
 
     logits: Tensor
     labels: Tensor
@@ -156,24 +158,30 @@ class UnrollStep(NamedTuple):
 def unroll(head: EagleHead, embed: nn.Module, rotary: nn.Module, seq: FeatureSeq, start: int, end: int,
            steps: int, vocab: PrunedVocab) -> list[UnrollStep]:
     """The training-time test over the window [start, end) of `seq` (module docstring): one
-    UnrollStep per step s, its anchors j = start..end-2."""
+    UnrollStep per step s, over the anchors j = start + r .. end - 2 whose chains reach the answer
+    (r = the anchors before them, which step 0 attends to but nothing unrolls)."""
     m = end - start - 1  # anchors: pair j = (features_j, x_{j+1})
+    r = min(max(seq.first - start - (steps - 1), 0), m)  # anchors r.. have a chain step on the answer
     ids = seq.ids[start:end]
-    label_pos = torch.arange(m)  # anchor offsets
     hidden = head.fuse(seq.features[start : start + m][None].to(head.fc.weight.dtype))  # [1, m, H]
-    cache = None
+    tokens = ids[1 : m + 1][None]  # [1, m] x_{j+1}
+    embeds = embed(tokens)
+    cos_sin = rotary(embeds, position_ids=(torch.arange(m) + start)[None])
+    cache = head_keys(head, embeds[:, :r], hidden[:, :r], tuple(t[:, :r] for t in cos_sin)) if r else None
+    hidden = hidden[:, r:]  # [1, m - r, H]
+    label_pos = torch.arange(r, m)  # offsets of the unrolled anchors
     out_steps = []
     for s in range(steps):
         tok_pos = label_pos + 1 + s  # x_{j+1+s}, offsets in the window
         live = tok_pos < ids.shape[0]
-        tokens = ids[tok_pos.clamp(max=ids.shape[0] - 1)][None]  # [1, m]
-        positions = (torch.arange(m) + start + s)[None]  # [1, m]
+        tokens = ids[tok_pos.clamp(max=ids.shape[0] - 1)][None]  # [1, m - r]
+        positions = (label_pos + start + s)[None]  # [1, m - r]
         embeds = embed(tokens)
         cos_sin = rotary(embeds, position_ids=positions)
-        mask = None if s == 0 else chain_mask(m, s, embeds.dtype)
+        mask = None if s == 0 else chain_mask(m - r, s, embeds.dtype, context=r)
         logits, out, cache = head(embeds, hidden, cos_sin, cache, mask)
         choice_pos = (start + tok_pos).clamp(max=seq.choice.shape[0] - 1)
-        labels = vocab.index_of[seq.choice[choice_pos]]  # [m] draft index or -1
+        labels = vocab.index_of[seq.choice[choice_pos]]  # [m - r] draft index or -1
         scored = live & (start + tok_pos >= seq.first + 1)  # a_{j+1+s} predicts an answer token
         trained = scored & (labels >= 0)
         out_steps.append(UnrollStep(logits[0], torch.where(trained, labels, torch.full_like(labels, -100)), scored,
