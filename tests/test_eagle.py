@@ -7,7 +7,6 @@ identical drafts."""
 from __future__ import annotations
 
 import dataclasses
-
 import json
 
 import pytest
@@ -224,7 +223,7 @@ def test_unrolled_training_steps_are_what_the_drafter_computes(tmp_path, monkeyp
 @pytest.mark.parametrize("start", [0, 3])
 def test_unroll_skips_only_anchors_whose_chains_end_before_the_answer(tmp_path, start: int) -> None:  # noqa: ANN001
     """Anchors that no step scores give step 0 their keys alone; the anchors unrolled get exactly the
-    logits, labels and scores of an unroll of every anchor, and every scored step is among them."""
+    logits of an unroll of every anchor, and every scored step is among them."""
     from specdraft.train.eagle import unroll
     from specdraft.vocab import PrunedVocab
 
