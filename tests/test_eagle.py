@@ -561,3 +561,34 @@ def test_the_online_heldout_benchmark_counts_rounds_per_position(tmp_path, capsy
     rounds, acceptance, per_round = int(row[1]), [float(x) for x in row[2].split(" / ")], float(row[3].rstrip(" |"))
     assert rounds > 0 and len(acceptance) == 3 and all(0.0 <= a <= 1.0 for a in acceptance)
     assert per_round >= 1.0 and (per_round > 1.0) == (acceptance[0] > 0)
+
+
+def test_training_resumes_its_own_checkpoint_and_refuses_another_runs(tmp_path, capsys) -> None:  # noqa: ANN001
+    """The same run resumes (more steps allowed); a run with other settings or other data is refused
+    with the fix named, and the checkpoint is left as it was."""
+    from omegaconf import OmegaConf
+
+    from specdraft.train.eagle import train_head
+    from specdraft.vocab import build_pruned_vocab
+
+    target = four_layer_target(seed=5)
+    seqs = feature_seqs(target, greedy_sequences(target, 4, seed=1), tmp_path, "train")
+    vocab = build_pruned_vocab([s.choice for s in seqs], 12, 16)
+
+    def cfg(steps: int, soft: bool = True):  # noqa: ANN202
+        return OmegaConf.create({"aux_layers": list(LAYERS), "seed": 0, "resume": True, "window": 64, "ttt_steps": 3,
+                                 "decay": 0.8, "soft_labels": soft, "train": {"max_steps": steps, "lr": 0.003,
+                                                                              "warmup_steps": 1, "checkpoint_every": 0}})
+
+    ckpt = tmp_path / "ckpt.pt"
+    train_head(cfg(3), target, seqs, [], vocab, ckpt)
+    capsys.readouterr()
+    _, log = train_head(cfg(5), target, seqs, [], vocab, ckpt)
+    out = capsys.readouterr().out
+    assert log["steps"] == 5 and f"resumed from {ckpt} at step 3" in out
+    saved = ckpt.read_bytes()
+    with pytest.raises(ValueError, match=r"made by another run \(it differs in: soft_labels\).*resume=false"):
+        train_head(cfg(8, soft=False), target, seqs, [], vocab, ckpt)
+    with pytest.raises(ValueError, match=r"differs in: vocab, windows.*checkpoint=<another file>"):
+        train_head(cfg(8), target, seqs[:2], [], build_pruned_vocab([s.choice for s in seqs[:2]], 10, 16), ckpt)
+    assert ckpt.read_bytes() == saved

@@ -51,7 +51,7 @@ from specdraft.train.loop import TrainSettings, recipe_settings
 from specdraft.train.loop import train as train_loop
 from specdraft.train.losses import distill_loss
 from specdraft.outputs import prepare_output_dir
-from specdraft.train.shard_cache import Sequences, cached_shards
+from specdraft.train.shard_cache import Sequences, cached_shards, shard_digest
 from specdraft.verify import leading_true
 from specdraft.vocab import PrunedVocab, build_pruned_vocab
 
@@ -258,6 +258,17 @@ def new_head(target: TargetModel, vocab: PrunedVocab, layers: Sequence[int], see
     return head.float()
 
 
+def run_identity(cfg: DictConfig, vocab: PrunedVocab, wins: Sequence[tuple[int, int, int]]) -> dict[str, Any]:
+    """What a training run trains, for its checkpoint: the head's settings, the schedule (not the
+    step or time budget), the draft vocabulary and the training windows (the data)."""
+    keys = ("aux_layers", "ttt_steps", "decay", "soft_labels", "window", "seed")
+    schedule = {k: v for k, v in OmegaConf.to_container(cfg.train, resolve=True).items()
+                if k not in ("max_steps", "max_minutes", "eval_every", "checkpoint_every")}
+    return {**{k: OmegaConf.to_container(cfg[k]) if OmegaConf.is_config(cfg[k]) else cfg[k] for k in keys},
+            "schedule": schedule, "vocab": shard_digest([(vocab.ids, 0)]).item(),
+            "windows": shard_digest([(torch.tensor(wins).flatten(), 0)]).item()}
+
+
 def train_head(cfg: DictConfig, target: TargetModel, train_seqs: Sequence[FeatureSeq],
                eval_seqs: Sequence[FeatureSeq], vocab: PrunedVocab, ckpt: Path | None) -> tuple[EagleHead, dict]:
     """Train through the shared skeleton (schedule, budget, resumable checkpoint); each step's
@@ -287,7 +298,8 @@ def train_head(cfg: DictConfig, target: TargetModel, train_seqs: Sequence[Featur
     def run_eval(step: int) -> dict[str, Any]:
         return evaluate(head, embed, rotary, eval_seqs, int(cfg.window), int(cfg.ttt_steps), vocab)
 
-    run = train_loop(head, window_loss, settings, name="eagle", checkpoint=ckpt, evaluate=run_eval if eval_seqs else None)
+    run = train_loop(head, window_loss, settings, name="eagle", checkpoint=ckpt, evaluate=run_eval if eval_seqs else None,
+                     identity=run_identity(cfg, vocab, wins))
     log = {"steps": run.step, "train_seconds": round(run.elapsed_s, 1), "stopped_by_budget": run.stopped_by_budget,
            "loss_every_100": [[r["step"], r["loss"]] for r in run.history if "loss" in r][::100]}
     return head.eval(), log

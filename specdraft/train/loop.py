@@ -112,12 +112,15 @@ def train(
     checkpoint: str | Path | None = None,
     evaluate: Evaluate | None = None,
     log: bool = True,
+    identity: Mapping[str, Any] | None = None,
 ) -> TrainLog:
     """Train `module`'s parameters that require grad, in place, and return the log.
 
     step_loss(step) -> (scalar loss tensor with grad, floats to show/log). checkpoint: a file to
     resume from and write to (None = no checkpoint). evaluate(step) runs with the module in eval mode
     and no grad, every `eval_every` steps and after the last step. name: the progress bar's label.
+    identity: what this run trains (settings and data, not its budget), stored in the checkpoint; a
+    checkpoint stored with another identity is refused instead of resumed (None = no check).
     """
     from tqdm import tqdm
 
@@ -129,6 +132,11 @@ def train(
     ckpt = Path(checkpoint) if checkpoint is not None else None
     if ckpt is not None and ckpt.is_file():
         state = torch.load(ckpt, weights_only=False)
+        if identity is not None and state.get("identity") != dict(identity):
+            theirs = state.get("identity") or {}
+            differ = sorted(k for k in set(theirs) | set(identity) if theirs.get(k) != identity.get(k))
+            raise ValueError(f"{name}: the checkpoint {ckpt} was made by another run (it differs in: "
+                             f"{', '.join(differ)}); pass resume=false to start over, or checkpoint=<another file> to keep it.")
         module.load_state_dict(state["trainable"], strict=False)
         opt.load_state_dict(state["optimizer"])
         run = TrainLog(step=int(state["step"]), elapsed_s=float(state["elapsed_s"]), history=list(state["history"]))
@@ -140,7 +148,8 @@ def train(
             return
         ckpt.parent.mkdir(parents=True, exist_ok=True)
         state = {"trainable": trainable_state(module), "optimizer": opt.state_dict(), "step": run.step,
-                 "elapsed_s": run.elapsed_s, "history": run.history}
+                 "elapsed_s": run.elapsed_s, "history": run.history,
+                 "identity": None if identity is None else dict(identity)}
         replace_atomically(ckpt, lambda tmp: torch.save(state, tmp))  # an interrupted save never corrupts it
 
     def run_eval() -> None:
