@@ -164,10 +164,10 @@ def unroll(head: EagleHead, embed: nn.Module, rotary: nn.Module, seq: FeatureSeq
     r = min(max(seq.first - start - (steps - 1), 0), m)  # anchors r.. have a chain step on the answer
     ids = seq.ids[start:end]
     hidden = head.fuse(seq.features[start : start + m][None].to(head.fc.weight.dtype))  # [1, m, H]
-    tokens = ids[1 : m + 1][None]  # [1, m] x_{j+1}
-    embeds = embed(tokens)
-    cos_sin = rotary(embeds, position_ids=(torch.arange(m) + start)[None])
-    cache = head_keys(head, embeds[:, :r], hidden[:, :r], tuple(t[:, :r] for t in cos_sin)) if r else None
+    cache = None
+    if r:  # the anchors not unrolled: their pairs (features_j, x_{j+1}) as keys and values
+        context = embed(ids[1 : r + 1][None])  # [1, r, H]
+        cache = head_keys(head, context, hidden[:, :r], rotary(context, position_ids=(torch.arange(r) + start)[None]))
     hidden = hidden[:, r:]  # [1, m - r, H]
     label_pos = torch.arange(r, m)  # offsets of the unrolled anchors
     out_steps = []
@@ -261,11 +261,11 @@ def new_head(target: TargetModel, vocab: PrunedVocab, layers: Sequence[int], see
 def run_identity(cfg: DictConfig, vocab: PrunedVocab, wins: Sequence[tuple[int, int, int]]) -> dict[str, Any]:
     """What a training run trains, for its checkpoint: the head's settings, the schedule (not the
     step or time budget), the draft vocabulary and the training windows (the data)."""
-    keys = ("aux_layers", "ttt_steps", "decay", "soft_labels", "window", "seed")
+    settings = OmegaConf.to_container(OmegaConf.masked_copy(
+        cfg, ["aux_layers", "ttt_steps", "decay", "soft_labels", "window", "seed"]), resolve=True)
     schedule = {k: v for k, v in OmegaConf.to_container(cfg.train, resolve=True).items()
                 if k not in ("max_steps", "max_minutes", "eval_every", "checkpoint_every")}
-    return {**{k: OmegaConf.to_container(cfg[k]) if OmegaConf.is_config(cfg[k]) else cfg[k] for k in keys},
-            "schedule": schedule, "vocab": shard_digest([(vocab.ids, 0)]).item(),
+    return {**settings, "schedule": schedule, "vocab": shard_digest([(vocab.ids, 0)]).item(),
             "windows": shard_digest([(torch.tensor(wins).flatten(), 0)]).item()}
 
 
